@@ -1,0 +1,94 @@
+// The CUDA driver, loaded at run time: device enumeration and the few calls diagnostics need.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpuguard/cuda_api.h"
+#include "gpuguard/dynlib.h"
+#include "gpuguard/error.h"
+
+namespace gpuguard {
+
+struct DeviceInfo {
+  int index = 0;            // ordinal among the devices visible to this process
+  std::string name;         // "NVIDIA H100 80GB HBM3"
+  std::string uuid;         // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  std::string pci_bus_id;   // "0000:18:00.0"
+  std::uint64_t total_memory = 0;  // bytes
+  int cc_major = 0;
+  int cc_minor = 0;
+  int multiprocessors = 0;
+};
+
+// Why there are or are not devices, for `gpuguard doctor` and for devices() returning [].
+struct CudaStatus {
+  bool library_loaded = false;
+  bool initialized = false;
+  std::string library;        // the file that was loaded, or the names tried
+  int driver_version = 0;     // 12040 for 12.4; 0 when unknown
+  int device_count = 0;
+  std::string visible_devices_at_init;  // CUDA_VISIBLE_DEVICES as cuInit saw it
+  bool visible_devices_set_at_init = false;
+  std::string reason;         // empty when devices were found
+};
+
+// Formats 16 raw bytes as NVIDIA prints them: GPU-8-4-4-4-12 lowercase hex.
+std::string format_gpu_uuid(const unsigned char bytes[16]);
+// "00000000:18:00.0" / "0000:18:00.0" / "18:00.0" -> "0000:18:00.0"; empty when it cannot be read.
+std::string normalize_pci_bus_id(const std::string& text);
+
+class CudaDriver {
+ public:
+  // The process-wide driver. Loading (dlopen) happens on first use, never at import, and cuInit only in
+  // init(): the driver reads CUDA_VISIBLE_DEVICES once, at cuInit, so calling it early freezes visibility.
+  static CudaDriver& instance();
+
+  // Library candidates: $GPUGUARD_LIBCUDA if set, else libcuda.so.1 then libcuda.so.
+  static std::vector<std::string> library_candidates();
+
+  Status load();
+  Status init();
+  bool initialized() const;
+
+  Result<int> driver_version();
+  Result<int> device_count();
+  Result<DeviceInfo> device(int ordinal);
+  Result<std::vector<DeviceInfo>> devices();
+  Result<bool> can_access_peer(int a, int b);
+  // Whether a primary context is active on `ordinal` (another library, e.g. torch, already used it).
+  Result<bool> primary_context_active(int ordinal);
+
+  // Status for reports; never fails, loads and initialises if needed.
+  CudaStatus status();
+
+  // The checking helper every call goes through: names the call and the driver's own error name.
+  Error cu_error(const char* call, cu::CUresult code, const std::string& where) const;
+
+  // Raw entry points for diagnostics (peer copies). Null when the driver lacks them.
+#define GPUGUARD_CUDA_MEMBER(symbol, ret, params) cu::PFN_##symbol symbol = nullptr;
+  struct Functions {
+    GPUGUARD_CUDA_REQUIRED_FUNCTIONS(GPUGUARD_CUDA_MEMBER)
+    GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(GPUGUARD_CUDA_MEMBER)
+  };
+#undef GPUGUARD_CUDA_MEMBER
+  const Functions& fn() const { return fn_; }
+
+ private:
+  CudaDriver() = default;
+  Status load_locked();
+
+  mutable std::mutex mutex_;
+  bool load_attempted_ = false;
+  Status load_status_ = ok_status();
+  bool init_attempted_ = false;
+  Status init_status_ = ok_status();
+  std::string visible_at_init_;
+  bool visible_set_at_init_ = false;
+  DynLib lib_;
+  Functions fn_;
+};
+
+}  // namespace gpuguard

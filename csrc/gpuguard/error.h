@@ -1,0 +1,50 @@
+// Error and Result types shared by every foreign call the core makes (CUDA driver, NCCL, stores).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace gpuguard {
+
+// What went wrong in one foreign call: which library, which call, the library's own error name and
+// number, and where in gpuguard it was made. message() is written for the person reading the log.
+struct Error {
+  std::string library;  // "CUDA driver", "NCCL", "gpuguard"
+  std::string call;     // "cuDeviceGetUuid_v2"
+  std::string code_name;  // "CUDA_ERROR_INVALID_DEVICE"; empty when the library gave none
+  int code = 0;
+  std::string detail;   // the library's description, or gpuguard's own explanation
+  std::string where;    // "cuda_driver.cc:123"
+
+  std::string message() const;
+};
+
+// A value or an Error. Deliberately small: the core returns errors upward instead of throwing or aborting.
+template <typename T>
+class Result {
+ public:
+  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Error error) : error_(std::move(error)) {}  // NOLINT
+
+  bool ok() const { return value_.has_value(); }
+  explicit operator bool() const { return ok(); }
+  const T& value() const& { return *value_; }
+  T& value() & { return *value_; }
+  T&& value() && { return std::move(*value_); }
+  const Error& error() const { return *error_; }
+
+ private:
+  std::optional<T> value_;
+  std::optional<Error> error_;
+};
+
+struct Ok {};
+using Status = Result<Ok>;
+inline Status ok_status() { return Status(Ok{}); }
+
+std::string source_location(const char* file, int line);
+
+}  // namespace gpuguard
+
+#define GPUGUARD_WHERE ::gpuguard::source_location(__FILE__, __LINE__)

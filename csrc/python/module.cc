@@ -1,0 +1,109 @@
+// gpuguard._C: pybind11 bindings over the C++ core, and nothing else. The public API is python/gpuguard/.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include "gpuguard/cuda_driver.h"
+
+namespace py = pybind11;
+
+namespace {
+
+py::dict device_to_dict(const gpuguard::DeviceInfo& d) {
+  py::dict out;
+  out["index"] = d.index;
+  out["name"] = d.name;
+  out["uuid"] = d.uuid;
+  out["pci_bus_id"] = d.pci_bus_id;
+  out["total_memory"] = d.total_memory;
+  out["compute_capability"] = py::make_tuple(d.cc_major, d.cc_minor);
+  out["multiprocessors"] = d.multiprocessors;
+  return out;
+}
+
+py::dict error_to_dict(const gpuguard::Error& e) {
+  py::dict out;
+  out["library"] = e.library;
+  out["call"] = e.call;
+  out["code_name"] = e.code_name;
+  out["code"] = e.code;
+  out["detail"] = e.detail;
+  out["message"] = e.message();
+  return out;
+}
+
+// ---- CUDA driver ------------------------------------------------------------------------------------------
+
+void bind_cuda_driver(py::module_& m) {
+  m.def("cuda_status", [] {
+    py::gil_scoped_release nogil;
+    auto st = gpuguard::CudaDriver::instance().status();
+    py::gil_scoped_acquire gil;
+    py::dict out;
+    out["library_loaded"] = st.library_loaded;
+    out["initialized"] = st.initialized;
+    out["library"] = st.library;
+    out["driver_version"] = st.driver_version;
+    out["device_count"] = st.device_count;
+    out["visible_devices_at_init"] = st.visible_devices_set_at_init ? py::object(py::str(st.visible_devices_at_init))
+                                                                   : py::object(py::none());
+    out["reason"] = st.reason;
+    return out;
+  }, "Why the CUDA driver does or does not show devices. Loads the driver and calls cuInit.");
+
+  m.def("enumerate_devices", []() -> py::tuple {
+    gpuguard::Result<std::vector<gpuguard::DeviceInfo>> result = gpuguard::Error{};
+    {
+      py::gil_scoped_release nogil;
+      auto& driver = gpuguard::CudaDriver::instance();
+      auto st = driver.status();
+      if (st.initialized && st.device_count == 0) {
+        result = std::vector<gpuguard::DeviceInfo>{};
+      } else {
+        result = driver.devices();
+      }
+    }
+    py::list devices;
+    if (!result) return py::make_tuple(devices, error_to_dict(result.error()));
+    for (const auto& d : result.value()) devices.append(device_to_dict(d));
+    return py::make_tuple(devices, py::none());
+  }, "(devices, error): the visible devices as dicts, or [] and what prevented enumeration.");
+
+  m.def("driver_initialized", [] { return gpuguard::CudaDriver::instance().initialized(); },
+        "Whether gpuguard has called cuInit in this process.");
+
+  m.def("library_candidates", &gpuguard::CudaDriver::library_candidates);
+
+  m.def("can_access_peer", [](int a, int b) {
+    auto r = gpuguard::CudaDriver::instance().can_access_peer(a, b);
+    if (!r) throw std::runtime_error(r.error().message());
+    return r.value();
+  });
+
+  m.def("primary_context_active", [](int ordinal) {
+    auto r = gpuguard::CudaDriver::instance().primary_context_active(ordinal);
+    if (!r) throw std::runtime_error(r.error().message());
+    return r.value();
+  });
+
+  m.def("normalize_pci_bus_id", &gpuguard::normalize_pci_bus_id);
+}
+
+// ---- tensor devices (issue: tensor-device consistency) ----------------------------------------------------
+
+
+// ---- identity records and placement (issue: duplicate-device detection) -----------------------------------
+
+
+// ---- NCCL (issue: duplicate-device detection, verify_nccl) ------------------------------------------------
+
+
+// ---- diagnostics (issue: doctor/explain) ------------------------------------------------------------------
+
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
+  bind_cuda_driver(m);
+}

@@ -1,0 +1,37 @@
+"""gpuguard: catch GPU-placement mistakes in multi-GPU PyTorch and Ray jobs before they cost a run.
+
+Importing gpuguard never initialises CUDA: the driver reads CUDA_VISIBLE_DEVICES once, at its first
+initialisation, and a library that did so at import would freeze the wrong visibility.
+"""
+
+from __future__ import annotations
+
+from ._native import TORCH_VERSION_BUILT_FOR
+from .devices import CudaStatus, Device, cuda_status, devices
+from .errors import (
+    CudaStateError,
+    DeviceMismatchError,
+    DuplicateDeviceError,
+    GpuGuardError,
+    LaunchEnvironmentError,
+    RankMappingError,
+    RendezvousTimeoutError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CudaStateError",
+    "CudaStatus",
+    "Device",
+    "DeviceMismatchError",
+    "DuplicateDeviceError",
+    "GpuGuardError",
+    "LaunchEnvironmentError",
+    "RankMappingError",
+    "RendezvousTimeoutError",
+    "TORCH_VERSION_BUILT_FOR",
+    "__version__",
+    "cuda_status",
+    "devices",
+]

@@ -1,0 +1,68 @@
+"""The gpuguard command line: `gpuguard devices | doctor | explain | check`, each with --json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Optional, Sequence
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _format_memory(total_bytes: int) -> str:
+    return f"{total_bytes / 2**30:.1f} GiB"
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from .devices import cuda_status, devices
+
+    found = devices()
+    status = cuda_status()
+    if args.json:
+        print(json.dumps({"devices": [d.as_dict() for d in found], "cuda": status.as_dict()}, indent=2))
+        return 0
+    if not found:
+        print(f"No CUDA devices visible: {status.reason or 'the driver reports none'}")
+        return 0
+    rows = [("index", "name", "uuid", "pci bus id", "memory", "cc")]
+    for d in found:
+        cc = f"{d.compute_capability[0]}.{d.compute_capability[1]}"
+        rows.append((str(d.index), d.name, d.uuid, d.pci_bus_id, _format_memory(d.total_memory), cc))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    print(f"driver {status.driver_version_string}, CUDA_VISIBLE_DEVICES="
+          f"{status.visible_devices_at_init if status.visible_devices_at_init is not None else '(unset)'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuguard",
+        description="Catch GPU-placement mistakes in multi-GPU PyTorch and Ray jobs.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("devices", help="list the CUDA devices this process can see")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_devices)
+
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:  # `gpuguard ... | head`
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

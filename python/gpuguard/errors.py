@@ -1,0 +1,43 @@
+"""gpuguard's exceptions: one base, one class per failure, each with structured fields beside the message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GpuGuardError(RuntimeError):
+    """Base of every error gpuguard raises. ``details`` holds the structured facts behind the message."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details: dict[str, Any] = details
+
+    def __getattr__(self, name: str) -> Any:
+        details = self.__dict__.get("details", {})
+        if name in details:
+            return details[name]
+        raise AttributeError(name)
+
+
+class DuplicateDeviceError(GpuGuardError):
+    """Two or more ranks of one group are on the same GPU."""
+
+
+class DeviceMismatchError(GpuGuardError):
+    """Tensors (parameters, buffers, inputs) that must share a device do not."""
+
+
+class RankMappingError(GpuGuardError):
+    """This process's rank cannot be mapped to a GPU of this host."""
+
+
+class RendezvousTimeoutError(GpuGuardError):
+    """Some ranks did not arrive at the placement check before the deadline."""
+
+
+class CudaStateError(GpuGuardError):
+    """CUDA was initialised in this process in a state that contradicts the environment."""
+
+
+class LaunchEnvironmentError(GpuGuardError):
+    """The launcher's environment variables are missing, malformed or contradict each other."""

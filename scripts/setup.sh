@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine for gpuguard: build tools (Debian packages), torch, Ray and the test tools
+# (PyPI), then builds and installs gpuguard against the installed torch. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v g++ >/dev/null || need_apt+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+command -v clang++ >/dev/null || need_apt+=(clang)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing Debian packages: ${need_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "setup: please install these Debian packages first: ${need_apt[*]}" >&2
+    exit 1
+  fi
+fi
+
+PY=${PYTHON:-python3}
+"$PY" -m pip install -q --disable-pip-version-check \
+  "torch>=2.4" "ray[default]>=2.39" numpy "scikit-build-core>=0.10" "pytest>=8" pytest-timeout
+# --no-build-isolation: _C must be compiled against the torch installed above (its ABI and version).
+"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir=build/wheel .
+echo "setup: gpuguard $("$PY" -c 'import gpuguard; print(gpuguard.__version__)') installed against torch $("$PY" -c 'import torch; print(torch.__version__)')"

@@ -1,0 +1,122 @@
+// Parsing and validation of the fake topology JSON.
+#include "topology.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "json_lite.h"
+
+namespace gpuguard_fake {
+
+namespace {
+
+void parse_uuid(FakeGpu& gpu) {
+  std::string hex;
+  std::string body = gpu.uuid.rfind("GPU-", 0) == 0 ? gpu.uuid.substr(4) : gpu.uuid;
+  for (char c : body) {
+    if (c == '-') continue;
+    if (!isxdigit(static_cast<unsigned char>(c))) throw std::runtime_error("uuid " + gpu.uuid + " is not hex");
+    hex += static_cast<char>(tolower(static_cast<unsigned char>(c)));
+  }
+  if (hex.size() != 32) throw std::runtime_error("uuid " + gpu.uuid + " must have 32 hex digits");
+  for (int i = 0; i < 16; ++i) {
+    gpu.uuid_bytes[i] = static_cast<unsigned char>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  char canonical[64];
+  const unsigned char* b = gpu.uuid_bytes;
+  std::snprintf(canonical, sizeof(canonical),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+                b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  gpu.uuid = canonical;
+}
+
+void parse_bus_id(FakeGpu& gpu) {
+  unsigned domain = 0, bus = 0, device = 0, function = 0;
+  int used = 0;
+  if (std::sscanf(gpu.pci_bus_id.c_str(), "%x:%x:%x.%x%n", &domain, &bus, &device, &function, &used) != 4 ||
+      used != static_cast<int>(gpu.pci_bus_id.size())) {
+    throw std::runtime_error("pci_bus_id " + gpu.pci_bus_id + " must look like 0000:18:00.0");
+  }
+  gpu.pci_domain = static_cast<int>(domain);
+  gpu.pci_bus = static_cast<int>(bus);
+  gpu.pci_device = static_cast<int>(device);
+}
+
+}  // namespace
+
+Topology parse_topology(const std::string& text) {
+  Json root = JsonParser(text).parse();
+  Topology topo;
+  if (root.has("driver_version")) topo.driver_version = static_cast<int>(root.at("driver_version").as_int("driver_version"));
+  const Json& gpus = root.at("gpus");
+  if (gpus.kind != Json::Kind::Array) throw std::runtime_error("\"gpus\" must be an array");
+  for (size_t i = 0; i < gpus.array.size(); ++i) {
+    const Json& g = gpus.array[i];
+    FakeGpu gpu;
+    gpu.name = g.at("name").as_string("gpus[].name");
+    gpu.uuid = g.at("uuid").as_string("gpus[].uuid");
+    parse_uuid(gpu);
+    gpu.pci_bus_id = g.at("pci_bus_id").as_string("gpus[].pci_bus_id");
+    parse_bus_id(gpu);
+    gpu.memory_mib = g.has("memory_mib") ? g.at("memory_mib").as_int("gpus[].memory_mib") : 81559;
+    if (g.has("compute_capability")) {
+      const Json& cc = g.at("compute_capability");
+      if (cc.kind != Json::Kind::Array || cc.array.size() != 2) {
+        throw std::runtime_error("gpus[].compute_capability must be [major, minor]");
+      }
+      gpu.cc_major = static_cast<int>(cc.array[0].as_int("compute_capability[0]"));
+      gpu.cc_minor = static_cast<int>(cc.array[1].as_int("compute_capability[1]"));
+    } else {
+      gpu.cc_major = 9;
+    }
+    gpu.multiprocessors = g.has("multiprocessors") ? static_cast<int>(g.at("multiprocessors").as_int("multiprocessors")) : 132;
+    for (const auto& other : topo.gpus) {
+      if (other.uuid == gpu.uuid) throw std::runtime_error("two gpus share uuid " + gpu.uuid);
+    }
+    topo.gpus.push_back(gpu);
+  }
+  size_t n = topo.gpus.size();
+  topo.peer_access.assign(n, std::vector<bool>(n, true));
+  if (root.has("peer_access")) {
+    const Json& m = root.at("peer_access");
+    if (m.kind != Json::Kind::Array || m.array.size() != n) {
+      throw std::runtime_error("peer_access must be an N x N array of booleans (N = number of gpus)");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (m.array[i].kind != Json::Kind::Array || m.array[i].array.size() != n) {
+        throw std::runtime_error("peer_access row " + std::to_string(i) + " must have " + std::to_string(n) + " entries");
+      }
+      for (size_t j = 0; j < n; ++j) topo.peer_access[i][j] = m.array[i].array[j].as_bool("peer_access[i][j]");
+    }
+  }
+  if (root.has("peer_copy_drops_writes")) topo.peer_copy_drops_writes = root.at("peer_copy_drops_writes").as_bool("peer_copy_drops_writes");
+  if (root.has("nccl")) {
+    const Json& nccl = root.at("nccl");
+    if (nccl.has("version")) topo.nccl_version = static_cast<int>(nccl.at("version").as_int("nccl.version"));
+    if (nccl.has("behavior")) topo.nccl_behavior = nccl.at("behavior").as_string("nccl.behavior");
+    const std::string& b = topo.nccl_behavior;
+    if (b != "ok" && b != "duplicate" && b != "hang" && b != "hang_unless_p2p_disabled") {
+      throw std::runtime_error("nccl.behavior must be ok, duplicate, hang or hang_unless_p2p_disabled, not " + b);
+    }
+  }
+  return topo;
+}
+
+Topology load_topology() {
+  const char* path = std::getenv("GPUGUARD_FAKE_TOPOLOGY");
+  if (path == nullptr || path[0] == '\0') throw std::runtime_error("GPUGUARD_FAKE_TOPOLOGY is not set");
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(std::string("cannot open ") + path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  try {
+    return parse_topology(buf.str());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(path) + ": " + e.what());
+  }
+}
+
+}  // namespace gpuguard_fake

@@ -1,0 +1,33 @@
+// The JSON topology that drives the fake CUDA driver and fake NCCL (see README.md in this folder).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gpuguard_fake {
+
+struct FakeGpu {
+  std::string name;
+  std::string uuid;        // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  unsigned char uuid_bytes[16] = {0};
+  std::string pci_bus_id;  // "0000:18:00.0"
+  int pci_domain = 0, pci_bus = 0, pci_device = 0;
+  long long memory_mib = 0;
+  int cc_major = 0, cc_minor = 0;
+  int multiprocessors = 0;
+};
+
+struct Topology {
+  int driver_version = 13000;
+  std::vector<FakeGpu> gpus;
+  std::vector<std::vector<bool>> peer_access;  // [i][j]: cuDeviceCanAccessPeer(i, j)
+  bool peer_copy_drops_writes = false;         // capability says yes, but peer writes are lost (ACS/IOMMU)
+  int nccl_version = 22809;
+  std::string nccl_behavior = "ok";            // ok | duplicate | hang | hang_unless_p2p_disabled
+};
+
+// Reads $GPUGUARD_FAKE_TOPOLOGY. Throws std::runtime_error naming the file and the problem.
+Topology load_topology();
+Topology parse_topology(const std::string& text);
+
+}  // namespace gpuguard_fake
