@@ -72,9 +72,10 @@ class Binding:
         else:
             where = f"cpu ({self.chosen_by})"
         visible = ("unset" if self.cuda_visible_devices is None else repr(self.cuda_visible_devices))
+        # "(no launcher variables: ...)" and the like explain themselves; a variable name needs "from"
+        source = "" if self.local_rank_source.startswith("(") else f", local rank from {self.local_rank_source}"
         return (f"gpuguard: rank {self.rank}/{self.world_size} local {self.local_rank}/{lws}{node}{group} "
-                f"-> {where} on {self.host} [{self.launcher}, local rank from {self.local_rank_source}, "
-                f"CUDA_VISIBLE_DEVICES={visible}]")
+                f"-> {where} on {self.host} [{self.launcher}{source}, CUDA_VISIBLE_DEVICES={visible}]")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: for logs, reports and tests."""
