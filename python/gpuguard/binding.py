@@ -90,9 +90,14 @@ class Binding:
         }
 
 
-def _group_name(group: str, context: LaunchContext) -> str:
+def _check_arguments(group: str, timeout: float) -> None:
     if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
         raise ValueError(f"group={group!r}: use 1 to 128 letters, digits or '_.:/@+-', e.g. group='rollout'")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout={timeout!r}: give the seconds to wait, a positive number")
+
+
+def _group_name(group: str, context: LaunchContext) -> str:
     # an explicit group wins; the default yields to GPUGUARD_GROUP from the launcher's environment
     return context.group if group == "default" and context.group else group
 
@@ -170,8 +175,7 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
     visibility); all are GpuGuardError.
     """
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout={timeout!r}: give the seconds to wait, a positive number")
+    _check_arguments(group, timeout)
     context = detect()
     group = _group_name(group, context)
     binding: Optional[Binding] = None

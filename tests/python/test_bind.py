@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, no_driver_env, run_json
+from conftest import no_driver_env, run_json
 from gpuguard import CudaStateError, LaunchEnvironmentError, RankMappingError
 from gpuguard.binding import Binding
 from gpuguard.cuda_state import check_cuda_state, earlier_initialisation
@@ -227,8 +225,19 @@ def attempt(env, **kwargs):
 """
 
 
+LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "JSM_", "MPI_LOCAL", "KUBERNETES_",
+                     "PET_", "GPUGUARD_LAUNCHER", "GPUGUARD_GROUP", "RAY_EXPERIMENTAL_NOSET")
+LAUNCHER_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "LOCAL_SIZE",
+                  "CROSS_RANK", "CROSS_SIZE"}
+
+
+def scrubbed(env: dict[str, str]) -> dict[str, str]:
+    """Without the launcher variables of whatever runs this test suite (CI under srun, say)."""
+    return {k: v for k, v in env.items() if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
+
+
 def run_attempts(cases: str, env: dict[str, str]):
-    return run_json(ATTEMPTS + textwrap.dedent(cases), env)
+    return run_json(ATTEMPTS + textwrap.dedent(cases), scrubbed(env))
 
 
 @pytest.fixture
@@ -360,7 +369,7 @@ def test_without_a_gpu_bind_uses_the_cpu_with_a_warning_or_refuses():
 def test_bind_warning_in_this_process_is_a_gpuguard_warning(monkeypatch):
     # the in-process path: no driver is loaded by this test process's gpuguard unless a test asked for one
     import gpuguard
-    monkeypatch.setenv("GPUGUARD_LAUNCHER", "single")
+    monkeypatch.setenv("GPUGUARD_LAUNCHER", "single")  # whatever launcher runs the suite
     if gpuguard.devices():
         pytest.skip("this machine has a GPU")
     with pytest.warns(gpuguard.GpuGuardWarning, match="runs on the CPU"):
@@ -370,6 +379,8 @@ def test_bind_warning_in_this_process_is_a_gpuguard_warning(monkeypatch):
 
 def test_bind_rejects_a_bad_group_and_timeout():
     import gpuguard
+    with pytest.raises(ValueError, match="group=3: use 1 to 128"):
+        gpuguard.bind(group=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="group='a b': use 1 to 128 letters"):
         gpuguard.bind(group="a b")
     with pytest.raises(ValueError, match="timeout=0: give the seconds to wait"):
@@ -398,7 +409,7 @@ def test_real_torchrun_four_processes_each_bind_a_distinct_gpu(fake_gpus, tmp_pa
     script.write_text(TORCHRUN_WORKER)
     out = tmp_path / "bindings"
     out.mkdir()
-    env = fake_gpus.env("h100x4")
+    env = scrubbed(fake_gpus.env("h100x4"))
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(script), str(out)],
         env=env, capture_output=True, text=True, timeout=240)
@@ -438,7 +449,7 @@ ray.shutdown()
 
 @pytest.mark.slow
 def test_real_ray_actors_bind_the_gpu_ray_assigned(fake_gpus):
-    got = run_json(RAY_DRIVER, fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"), timeout=240)
+    got = run_json(RAY_DRIVER, scrubbed(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1")), timeout=240)
     uuids = [g["uuid"] for g in fake_gpus.topology("h100x4")["gpus"]]
     for b in got["set"]:
         assert b["launcher"] == "ray" and b["group"] == "actor"
