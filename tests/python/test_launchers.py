@@ -204,6 +204,12 @@ def test_plain_environment_variables():
     assert fields(ctx) == ("env", 3, 4, 1, 2, None)
 
 
+def test_plain_environment_of_one_process_needs_no_local_rank():
+    ctx = detect({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"})
+    assert fields(ctx) == ("env", 0, 1, 0, None, None)
+    assert ctx.local_rank_source == "(implied: WORLD_SIZE=1)"
+
+
 def test_plain_environment_without_local_rank_names_it():
     with pytest.raises(LaunchEnvironmentError) as err:
         detect({"RANK": "3", "WORLD_SIZE": "4"})
