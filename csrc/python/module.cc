@@ -3,7 +3,9 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include "device_check.h"
 #include "gpuguard/cuda_driver.h"
+#include "gpuguard/tensor_devices.h"
 
 namespace py = pybind11;
 
@@ -91,6 +93,27 @@ void bind_cuda_driver(py::module_& m) {
 
 // ---- tensor devices (issue: tensor-device consistency) ----------------------------------------------------
 
+void bind_tensor_devices(py::module_& m) {
+  namespace gp = gpuguard::python;
+  m.def("check_call", &gp::check_call, py::arg("module"), py::arg("args"), py::arg("kwargs"),
+        py::arg("expected"), py::arg("labels"),
+        "The common torch.device of a module's parameters and buffers (module may be None) and every tensor in "
+        "args/kwargs; None when there is none. Raises gpuguard.DeviceMismatchError.");
+  m.def("checks_disabled", &gp::checks_disabled, "Whether GPUGUARD_DISABLE turns every check off.");
+  m.def("compress_names", &gpuguard::compress_names, py::arg("names"), py::arg("universe"),
+        "Qualified names with whole subtrees and index runs compressed (layers.0-15.*).");
+  py::class_<gp::ForwardGuard>(m, "ForwardGuard", "guard(module)'s forward pre-hook (with_kwargs=True).")
+      .def(py::init<>())
+      .def("__call__", &gp::ForwardGuard::operator(), py::arg("module"), py::arg("args"), py::arg("kwargs"));
+  py::class_<gp::LayerGuard>(m, "LayerGuard", "guard(module, deep=True)'s pre-hook on one layer.")
+      .def(py::init<std::string, std::string>(), py::arg("name"), py::arg("type"))
+      .def("__call__", &gp::LayerGuard::operator(), py::arg("module"), py::arg("args"), py::arg("kwargs"))
+      .def_property_readonly("name", &gp::LayerGuard::name);
+  py::class_<gp::TreeWatch>(m, "TreeWatch", "Tells whether a module tree changed since it was last seen.")
+      .def(py::init<>())
+      .def("changed", &gp::TreeWatch::changed, py::arg("module"));
+}
+
 
 // ---- identity records and placement (issue: duplicate-device detection) -----------------------------------
 
@@ -106,4 +129,5 @@ void bind_cuda_driver(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
   bind_cuda_driver(m);
+  bind_tensor_devices(m);
 }

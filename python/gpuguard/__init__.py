@@ -17,6 +17,7 @@ from .errors import (
     RankMappingError,
     RendezvousTimeoutError,
 )
+from .tensors import GuardHandle, assert_same_device, guard, same_device
 
 __version__ = "0.1.0"
 
@@ -27,11 +28,15 @@ __all__ = [
     "DeviceMismatchError",
     "DuplicateDeviceError",
     "GpuGuardError",
+    "GuardHandle",
     "LaunchEnvironmentError",
     "RankMappingError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
     "__version__",
+    "assert_same_device",
     "cuda_status",
     "devices",
+    "guard",
+    "same_device",
 ]

@@ -1,0 +1,77 @@
+// Finds the tensors of Python objects with the CPython C API: an nn.Module's parameters, buffers and
+// submodules (read from its _parameters/_buffers/_modules dicts) and nested call arguments. Binding glue for
+// the device check; the device logic itself is gpuguard/tensor_devices.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpuguard/tensor_devices.h"
+
+namespace gpuguard::python {
+
+// The set of objects already visited in one walk (modules reachable twice, containers in a reference
+// cycle). Open addressing over addresses: a walk of a 10,000-parameter model inserts thousands of them, and
+// std::unordered_set's node allocations would cost more than the rest of the walk. Allocates on first use.
+class AddressSet {
+ public:
+  // false when `p` was already present
+  bool insert(const void* p);
+
+ private:
+  std::vector<const void*> slots_;
+  std::size_t size_ = 0;
+};
+
+// Fast, name-free walks: every tensor's device goes into `agreement`.
+// recurse=false: only the module's own parameters and buffers (a layer under guard(deep=True)).
+void module_devices(PyObject* module, bool recurse, DeviceAgreement& agreement);
+// Tensors inside list / tuple (namedtuple) / dict / dataclass nesting; None and other leaves are skipped.
+void input_devices(PyObject* obj, DeviceAgreement& agreement, AddressSet& seen);
+
+// Name-rich walks for the report. Each tensor object is named once (tied weights keep their first name, as
+// named_parameters() does).
+void named_module_tensors(PyObject* module, bool recurse, std::vector<TensorEntry>& out);
+void named_input_tensors(PyObject* obj, const std::string& path, std::vector<TensorEntry>& out, AddressSet& seen);
+
+// The parameter and buffer objects of a module tree, remembered between forwards so that guard() does not
+// walk the tree on every call, together with what tells that the tree changed since.
+//
+// Staleness: the cached list holds the tensor *objects*; each tensor's device is read afresh on every call,
+// so `param.data = ...`, the default model.to() (which does exactly that) and torch.utils.swap_tensors (which
+// swaps the tensor under the same object) are seen at once. Every other change replaces or adds an object
+// in one of the module's _parameters, _buffers or _modules dicts (re-assignment, register_*, new submodules,
+// load_state_dict(assign=True), and the __future__ overwrite path, which writes _parameters[k] directly,
+// bypassing every registration hook); those dicts are watched: their version tag on Python < 3.12, a dict
+// watcher on 3.12+. Any change there rebuilds the list on the next call.
+class ModuleSnapshot {
+ public:
+  ModuleSnapshot() = default;
+  ModuleSnapshot(const ModuleSnapshot&) = delete;
+  ModuleSnapshot& operator=(const ModuleSnapshot&) = delete;
+  ~ModuleSnapshot();  // the GIL must be held (it is, when Python destroys the hook owning this)
+
+  // Whether the remembered tensors are still exactly `module`'s.
+  bool valid_for(PyObject* module) const;
+  // Re-reads `module`'s tree. Throws pybind11::error_already_set on a Python error.
+  void rebuild(PyObject* module);
+
+  const std::vector<PyObject*>& tensors() const { return tensors_; }
+
+ private:
+  void clear();
+
+  PyObject* root_ref_ = nullptr;  // a weak reference to the module: the snapshot must not keep it alive
+  std::vector<PyObject*> dicts_;  // strong references: a dict that died could be replaced at its address
+#if PY_VERSION_HEX < 0x030C0000
+  std::vector<std::uint64_t> versions_;
+#else
+  std::uint64_t epoch_ = 0;
+#endif
+  std::vector<PyObject*> tensors_;  // borrowed: the watched dicts own them while they are unchanged
+};
+
+}  // namespace gpuguard::python
