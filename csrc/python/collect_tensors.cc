@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <functional>
+#include <memory>
+#include <unordered_map>
 
 namespace gpuguard::python {
 
@@ -130,6 +132,9 @@ struct SnapshotVisitor {
   std::vector<PyObject*>& dicts;
   std::vector<PyObject*>& tensors;
   void on_dict(PyObject* d) {
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyDict_GET_SIZE(d) == 0) return;  // filled only through registration, which the epoch counts
+#endif
     Py_INCREF(d);
     dicts.push_back(d);
   }
@@ -283,7 +288,33 @@ void named_input_tensors(PyObject* obj, const std::string& path, std::vector<Ten
 
 // ---- ModuleSnapshot -----------------------------------------------------------------------------------
 
-#if PY_VERSION_HEX >= 0x030C0000
+#if PY_VERSION_HEX < 0x030C0000
+namespace {
+// Moved by PyTorch's global parameter / buffer / module registration hooks: a tensor or submodule arrived
+// through the registration API, possibly into a dict the snapshots do not compare (an empty one).
+std::uint64_t g_registration_epoch = 1;
+
+PyObject* count_registration(PyObject*, PyObject*) {
+  ++g_registration_epoch;
+  Py_RETURN_NONE;  // None: the registered value is kept as it is
+}
+
+PyMethodDef g_count_def = {"_gpuguard_count_registration", count_registration, METH_VARARGS, nullptr};
+
+void install_registration_hooks() {
+  static bool installed = false;
+  if (installed) return;
+  py::object hook = py::reinterpret_steal<py::object>(PyCFunction_New(&g_count_def, nullptr));
+  if (!hook) throw py::error_already_set();
+  py::module_ m = py::module_::import("torch.nn.modules.module");
+  for (const char* name : {"register_module_parameter_registration_hook", "register_module_buffer_registration_hook",
+                           "register_module_module_registration_hook"}) {
+    m.attr(name)(hook).inc_ref();  // the handle is kept for the life of the process
+  }
+  installed = true;
+}
+}  // namespace
+#else
 namespace {
 // One dict watcher for the process: any change to any watched dict moves the epoch, and every snapshot
 // taken before it is rebuilt on its next use. Changes to a model's dicts are rare; reading them is free.
@@ -320,7 +351,10 @@ void ModuleSnapshot::clear() {
 bool ModuleSnapshot::valid_for(PyObject* module) const {
   if (!root_ref_ || PyWeakref_GET_OBJECT(root_ref_) != module) return false;
 #if PY_VERSION_HEX < 0x030C0000
-  for (std::size_t i = 0; i < dicts_.size(); ++i) {
+  if (registration_epoch_ != g_registration_epoch) return false;
+  const std::size_t n = dicts_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + 8 < n) __builtin_prefetch(dicts_[i + 8]);  // scattered objects: overlap the cache misses
     if (reinterpret_cast<PyDictObject*>(dicts_[i])->ma_version_tag != versions_[i]) return false;
   }
   return true;
@@ -331,6 +365,10 @@ bool ModuleSnapshot::valid_for(PyObject* module) const {
 
 void ModuleSnapshot::rebuild(PyObject* module) {
   clear();
+#if PY_VERSION_HEX < 0x030C0000
+  install_registration_hooks();
+  registration_epoch_ = g_registration_epoch;
+#endif
   PyObject* ref = PyWeakref_NewRef(module, nullptr);
   if (!ref) throw py::error_already_set();
   root_ref_ = ref;
@@ -344,6 +382,84 @@ void ModuleSnapshot::rebuild(PyObject* module) {
   for (PyObject* d : dicts_) watch(d);
   epoch_ = g_dict_epoch;
 #endif
+}
+
+void ModuleSnapshot::add_devices(DeviceAgreement& agreement) const {
+  // The objects and their TensorImpls are scattered over the heap; asking for the next ones early lets
+  // the loads overlap instead of waiting on one cache miss at a time.
+  constexpr std::size_t kAhead = 8;
+  const std::size_t n = tensors_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(&reinterpret_cast<THPVariable*>(tensors_[i + kAhead])->cdata);
+    if (i + kAhead / 2 < n) {
+      __builtin_prefetch(unpack(tensors_[i + kAhead / 2]).unsafeGetTensorImpl());
+    }
+    agreement.add(unpack(tensors_[i]));
+  }
+}
+
+// ---- the snapshot cache of assert_same_device ----------------------------------------------------------
+
+namespace {
+
+struct CachedSnapshot {
+  std::unique_ptr<ModuleSnapshot> snapshot;
+  PyObject* on_free = nullptr;  // a weak reference to the module whose callback drops this entry
+};
+
+std::unordered_map<PyObject*, CachedSnapshot>& snapshot_cache() {
+  static auto* cache = new std::unordered_map<PyObject*, CachedSnapshot>();
+  return *cache;
+}
+std::unordered_map<PyObject*, PyObject*>& module_of_weakref() {
+  static auto* map = new std::unordered_map<PyObject*, PyObject*>();
+  return *map;
+}
+// Weak references whose callback ran. A callback must not free its own weak reference (CPython still
+// holds it, borrowed), so they are released on the next use of the cache.
+std::vector<PyObject*>& retired_weakrefs() {
+  static auto* v = new std::vector<PyObject*>();
+  return *v;
+}
+
+PyObject* drop_cached_snapshot(PyObject*, PyObject* weakref) {
+  auto found = module_of_weakref().find(weakref);
+  if (found != module_of_weakref().end()) {
+    auto entry = snapshot_cache().find(found->second);
+    if (entry != snapshot_cache().end()) {
+      entry->second.snapshot.reset();  // releases the module's dicts, and with them its tensors
+      snapshot_cache().erase(entry);
+    }
+    module_of_weakref().erase(found);
+    retired_weakrefs().push_back(weakref);
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_drop_def = {"_gpuguard_drop_snapshot", drop_cached_snapshot, METH_O, nullptr};
+
+}  // namespace
+
+const ModuleSnapshot* cached_snapshot(PyObject* module) {
+  for (PyObject* ref : retired_weakrefs()) Py_DECREF(ref);
+  retired_weakrefs().clear();
+
+  auto& cache = snapshot_cache();
+  auto it = cache.find(module);
+  if (it == cache.end()) {
+    static PyObject* callback = PyCFunction_New(&g_drop_def, nullptr);
+    if (!callback) throw py::error_already_set();
+    PyObject* ref = PyWeakref_NewRef(module, callback);
+    if (!ref) {
+      PyErr_Clear();  // not weakly referenceable: never cached
+      return nullptr;
+    }
+    it = cache.emplace(module, CachedSnapshot{std::make_unique<ModuleSnapshot>(), ref}).first;
+    module_of_weakref()[ref] = module;
+  }
+  ModuleSnapshot& snapshot = *it->second.snapshot;
+  if (!snapshot.valid_for(module)) snapshot.rebuild(module);
+  return &snapshot;
 }
 
 }  // namespace gpuguard::python

@@ -45,8 +45,15 @@ void named_input_tensors(PyObject* obj, const std::string& path, std::vector<Ten
 // swaps the tensor under the same object) are seen at once. Every other change replaces or adds an object
 // in one of the module's _parameters, _buffers or _modules dicts (re-assignment, register_*, new submodules,
 // load_state_dict(assign=True), and the __future__ overwrite path, which writes _parameters[k] directly,
-// bypassing every registration hook); those dicts are watched: their version tag on Python < 3.12, a dict
-// watcher on 3.12+. Any change there rebuilds the list on the next call.
+// bypassing every registration hook); those dicts are watched, and any change there rebuilds the list on
+// the next call.
+//   Python 3.12+: a dict watcher on every one of them; checking costs nothing per call.
+//   Python < 3.12: the version tag (PEP 509) of every non-empty dict, compared on each call. An empty dict
+//   (most layers have no buffers and no children) is not compared, which keeps the per-forward cost down to
+//   the dicts that hold something; a tensor or submodule can only arrive in it through register_parameter /
+//   register_buffer / register_module or attribute assignment, and PyTorch's global registration hooks,
+//   installed once, count those. (A key written into an empty dict by hand, bypassing all of these, is the
+//   one change this does not see until the next structural change; assert_same_device sees it the same way.)
 class ModuleSnapshot {
  public:
   ModuleSnapshot() = default;
@@ -60,6 +67,8 @@ class ModuleSnapshot {
   void rebuild(PyObject* module);
 
   const std::vector<PyObject*>& tensors() const { return tensors_; }
+  // Every remembered tensor's current device into `agreement`: the per-forward loop.
+  void add_devices(DeviceAgreement& agreement) const;
 
  private:
   void clear();
@@ -68,10 +77,16 @@ class ModuleSnapshot {
   std::vector<PyObject*> dicts_;  // strong references: a dict that died could be replaced at its address
 #if PY_VERSION_HEX < 0x030C0000
   std::vector<std::uint64_t> versions_;
+  std::uint64_t registration_epoch_ = 0;
 #else
   std::uint64_t epoch_ = 0;
 #endif
   std::vector<PyObject*> tensors_;  // borrowed: the watched dicts own them while they are unchanged
 };
+
+// The snapshot of `module` for assert_same_device and @same_device, kept between calls while the module
+// lives (a weak reference's callback drops it when the module is freed) and rebuilt whenever it is stale.
+// nullptr for an object that cannot be weakly referenced: the caller walks it instead.
+const ModuleSnapshot* cached_snapshot(PyObject* module);
 
 }  // namespace gpuguard::python

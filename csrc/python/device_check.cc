@@ -128,7 +128,13 @@ py::object check_call(py::handle module, py::handle args, py::handle kwargs, std
                       py::handle labels) {
   DeviceAgreement agreement(expected);
   const bool has_module = module && !module.is_none();
-  if (has_module) module_devices(module.ptr(), /*recurse=*/true, agreement);
+  if (has_module) {
+    if (const ModuleSnapshot* snapshot = cached_snapshot(module.ptr())) {
+      snapshot->add_devices(agreement);
+    } else {
+      module_devices(module.ptr(), /*recurse=*/true, agreement);
+    }
+  }
   call_devices(args, kwargs, agreement);
   if (agreement.agree()) return device_or_none(agreement.device());
 
@@ -146,7 +152,7 @@ py::object ForwardGuard::operator()(py::handle module, py::handle args, py::hand
   if (checks_disabled()) return py::none();
   if (!snapshot_.valid_for(module.ptr())) snapshot_.rebuild(module.ptr());
   DeviceAgreement agreement;
-  for (PyObject* t : snapshot_.tensors()) agreement.add(THPVariable_Unpack(t));
+  snapshot_.add_devices(agreement);
   call_devices(args, kwargs, agreement);
   if (agreement.agree()) return py::none();
 
