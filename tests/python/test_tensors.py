@@ -204,6 +204,9 @@ def changes():
     def add_submodule(model):
         model.extra = nn.Linear(4, 4, device="meta")
 
+    def submodule_in_a_leaf(model):  # the leaf's _modules dict was empty: only registration says so
+        model.layers[3].adapter = nn.Linear(4, 4, device="meta")
+
     def register_buffer(model):
         model.layers[0].register_buffer("table", torch.zeros(2, device="meta"))
 
@@ -225,7 +228,7 @@ def changes():
     def buffer_write(model):
         model._buffers["scale"] = torch.ones(4, device="meta")
 
-    return [to, reassign, add_submodule, register_buffer, load_assign, overwrite, swap, direct_dict_write,
+    return [to, reassign, add_submodule, submodule_in_a_leaf, register_buffer, load_assign, overwrite, swap, direct_dict_write,
             buffer_write]
 
 
@@ -348,6 +351,34 @@ def test_deep_guard_names_the_misplaced_third_layer():
     handle.remove()
     with pytest.raises(RuntimeError):  # what PyTorch says without gpuguard: no layer named
         model(torch.zeros(2, 4))
+
+
+def test_deep_guard_checks_keyword_arguments():
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(4, 4)
+
+        def forward(self, x, *, mask):
+            return self.q(x) * mask
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = Attn()
+
+        def forward(self, x, mask):
+            return self.attn(x, mask=mask)
+
+    net = Net()
+    with gpuguard.guard(net, deep=True) as handle:
+        assert handle.hooked_layers == ["attn.q"]
+        net(torch.zeros(2, 4), torch.ones(4))
+        net.attn.register_parameter("bias", nn.Parameter(torch.zeros(4)))  # attn now owns a parameter
+        err = mismatch(net, torch.zeros(2, 4), torch.ones(4, device="meta"))
+        assert err.layer == "attn"
+        assert "  meta: 1 input: mask (shape [4], float32)" in str(err)
+        assert handle.hooked_layers == ["attn", "attn.q"]
 
 
 def test_deep_guard_hooks_layers_added_later():
