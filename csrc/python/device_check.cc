@@ -177,6 +177,60 @@ py::object LayerGuard::operator()(py::handle module, py::handle args, py::handle
   return py::none();
 }
 
+namespace {
+
+template <typename Guard>
+PyObject* call_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "gpuguard's forward pre-hook takes (module, args, kwargs), got %zd arguments",
+                 nargs);
+    return nullptr;
+  }
+  auto* guard = static_cast<Guard*>(PyCapsule_GetPointer(self, nullptr));
+  if (!guard) return nullptr;
+  try {
+    return (*guard)(args[0], args[1], args[2]).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+template <typename Guard>
+void delete_guard(PyObject* capsule) {
+  delete static_cast<Guard*>(PyCapsule_GetPointer(capsule, nullptr));
+}
+
+template <typename Guard>
+py::object make_hook(Guard* guard, PyMethodDef* def) {
+  PyObject* capsule = PyCapsule_New(guard, nullptr, delete_guard<Guard>);
+  if (!capsule) {
+    delete guard;
+    throw py::error_already_set();
+  }
+  PyObject* fn = PyCFunction_New(def, capsule);  // the function holds the capsule, the capsule the guard
+  Py_DECREF(capsule);
+  if (!fn) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
+PyMethodDef g_forward_hook_def = {"gpuguard_forward_check", reinterpret_cast<PyCFunction>(
+    reinterpret_cast<void (*)()>(call_hook<ForwardGuard>)), METH_FASTCALL,
+    "gpuguard.guard(module): checks that the module's parameters, buffers and inputs share one device."};
+PyMethodDef g_layer_hook_def = {"gpuguard_layer_check", reinterpret_cast<PyCFunction>(
+    reinterpret_cast<void (*)()>(call_hook<LayerGuard>)), METH_FASTCALL,
+    "gpuguard.guard(module, deep=True): checks one layer's own weights against its inputs."};
+
+}  // namespace
+
+py::object make_forward_hook() { return make_hook(new ForwardGuard(), &g_forward_hook_def); }
+
+py::object make_layer_hook(std::string name, std::string type) {
+  return make_hook(new LayerGuard(std::move(name), std::move(type)), &g_layer_hook_def);
+}
+
 bool TreeWatch::changed(py::handle module) {
   if (snapshot_.valid_for(module.ptr())) return false;
   snapshot_.rebuild(module.ptr());

@@ -47,6 +47,12 @@ class LayerGuard {
   std::string type_;
 };
 
+// The hooks as plain built-in functions (METH_FASTCALL) owning their guard. PyTorch calls a pre-hook as
+// hook(module, args, kwargs) on every forward; a built-in skips the bound-method and argument-conversion
+// layers a pybind11 object's __call__ goes through, which is most of what a hook costs beyond its check.
+py::object make_forward_hook();
+py::object make_layer_hook(std::string name, std::string type);
+
 // guard(module, deep=True): tells the root's pre-hook whether the module tree changed since the layers
 // were hooked (a submodule added or replaced, a parameter added...), so that it hooks them again.
 class TreeWatch {

@@ -102,13 +102,10 @@ void bind_tensor_devices(py::module_& m) {
   m.def("checks_disabled", &gp::checks_disabled, "Whether GPUGUARD_DISABLE turns every check off.");
   m.def("compress_names", &gpuguard::compress_names, py::arg("names"), py::arg("universe"),
         "Qualified names with whole subtrees and index runs compressed (layers.0-15.*).");
-  py::class_<gp::ForwardGuard>(m, "ForwardGuard", "guard(module)'s forward pre-hook (with_kwargs=True).")
-      .def(py::init<>())
-      .def("__call__", &gp::ForwardGuard::operator(), py::arg("module"), py::arg("args"), py::arg("kwargs"));
-  py::class_<gp::LayerGuard>(m, "LayerGuard", "guard(module, deep=True)'s pre-hook on one layer.")
-      .def(py::init<std::string, std::string>(), py::arg("name"), py::arg("type"))
-      .def("__call__", &gp::LayerGuard::operator(), py::arg("module"), py::arg("args"), py::arg("kwargs"))
-      .def_property_readonly("name", &gp::LayerGuard::name);
+  m.def("forward_hook", &gp::make_forward_hook,
+        "A new forward pre-hook (with_kwargs=True) for guard(module): the whole tree against the inputs.");
+  m.def("layer_hook", &gp::make_layer_hook, py::arg("name"), py::arg("type"),
+        "A new forward pre-hook (with_kwargs=True) for one layer under guard(module, deep=True).");
   py::class_<gp::TreeWatch>(m, "TreeWatch", "Tells whether a module tree changed since it was last seen.")
       .def(py::init<>())
       .def("changed", &gp::TreeWatch::changed, py::arg("module"));

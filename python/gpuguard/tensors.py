@@ -171,7 +171,7 @@ class _DeepGuard:
         self._handle._layer_handles.clear()
         for name, sub in root.named_modules():
             if _owns_parameters(sub):
-                hook = _C.LayerGuard(name, type(sub).__name__)
+                hook = _C.layer_hook(name, type(sub).__name__)
                 self._handle._layer_handles.append(
                     (name, sub.register_forward_pre_hook(hook, with_kwargs=True)))
 
@@ -190,7 +190,7 @@ def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
         raise TypeError(f"gpuguard.guard expects an nn.Module, not {type(module).__name__}")
     handle = GuardHandle(module, deep)
     if not deep:
-        handle._handles.append(module.register_forward_pre_hook(_C.ForwardGuard(), with_kwargs=True))
+        handle._handles.append(module.register_forward_pre_hook(_C.forward_hook(), with_kwargs=True))
         return handle
     deep_guard = _DeepGuard(handle)
     deep_guard._watch.changed(module)
