@@ -31,6 +31,7 @@ const Names& names() {
 // The module's _parameters, _buffers and _modules dicts, read from its instance __dict__ (not through
 // getattr, which nn.Module overrides). Any of them may be null for an object that is not an nn.Module.
 struct ModuleDicts {
+  PyObject* instance = nullptr;    // the module's __dict__, borrowed
   PyObject* parameters = nullptr;  // borrowed
   PyObject* buffers = nullptr;
   PyObject* modules = nullptr;
@@ -51,6 +52,7 @@ ModuleDicts module_dicts(PyObject* module) {
   out.parameters = get(names().parameters);
   out.buffers = get(names().buffers);
   out.modules = get(names().modules);
+  out.instance = dict;
   Py_DECREF(dict);  // the module still owns its __dict__, which owns the three dicts
   return out;
 }
@@ -67,6 +69,9 @@ template <typename Visitor>
 void walk_module(PyObject* module, bool recurse, Visitor& visitor, AddressSet& seen) {
   if (recurse && !seen.insert(module)) return;  // a module reachable twice, or a cycle
   const ModuleDicts d = module_dicts(module);
+  // the module's own __dict__ first: replacing _parameters wholesale changes it, and a snapshot compares
+  // dicts in this order, stopping at the first change, so it never reads a dict that is gone
+  if (d.instance) visitor.on_dict(d.instance);
   auto visit_tensors = [&](PyObject* dict, TensorRole role) {
     if (!dict) return;
     visitor.on_dict(dict);
@@ -135,7 +140,6 @@ struct SnapshotVisitor {
 #if PY_VERSION_HEX < 0x030C0000
     if (PyDict_GET_SIZE(d) == 0) return;  // filled only through registration, which the epoch counts
 #endif
-    Py_INCREF(d);
     dicts.push_back(d);
   }
   void on_tensor(PyObject* t, TensorRole, PyObject*) { tensors.push_back(t); }
@@ -339,7 +343,6 @@ void watch(PyObject* dict) {
 ModuleSnapshot::~ModuleSnapshot() { clear(); }
 
 void ModuleSnapshot::clear() {
-  for (PyObject* d : dicts_) Py_DECREF(d);
   dicts_.clear();
   tensors_.clear();
 #if PY_VERSION_HEX < 0x030C0000
@@ -427,7 +430,7 @@ PyObject* drop_cached_snapshot(PyObject*, PyObject* weakref) {
   if (found != module_of_weakref().end()) {
     auto entry = snapshot_cache().find(found->second);
     if (entry != snapshot_cache().end()) {
-      entry->second.snapshot.reset();  // releases the module's dicts, and with them its tensors
+      entry->second.snapshot.reset();
       snapshot_cache().erase(entry);
     }
     module_of_weakref().erase(found);

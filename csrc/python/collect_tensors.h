@@ -48,6 +48,7 @@ void named_input_tensors(PyObject* obj, const std::string& path, std::vector<Ten
 // bypassing every registration hook); those dicts are watched, and any change there rebuilds the list on
 // the next call.
 //   Python 3.12+: a dict watcher on every one of them; checking costs nothing per call.
+//   Each module's own __dict__ is watched too: assigning module._parameters = {} wholesale changes it.
 //   Python < 3.12: the version tag (PEP 509) of every non-empty dict, compared on each call. An empty dict
 //   (most layers have no buffers and no children) is not compared, which keeps the per-forward cost down to
 //   the dicts that hold something; a tensor or submodule can only arrive in it through register_parameter /
@@ -59,7 +60,7 @@ class ModuleSnapshot {
   ModuleSnapshot() = default;
   ModuleSnapshot(const ModuleSnapshot&) = delete;
   ModuleSnapshot& operator=(const ModuleSnapshot&) = delete;
-  ~ModuleSnapshot();  // the GIL must be held (it is, when Python destroys the hook owning this)
+  ~ModuleSnapshot();  // the GIL must be held (it drops a weak reference)
 
   // Whether the remembered tensors are still exactly `module`'s.
   bool valid_for(PyObject* module) const;
@@ -74,7 +75,12 @@ class ModuleSnapshot {
   void clear();
 
   PyObject* root_ref_ = nullptr;  // a weak reference to the module: the snapshot must not keep it alive
-  std::vector<PyObject*> dicts_;  // strong references: a dict that died could be replaced at its address
+  // Borrowed, in walk order (a module's __dict__, then its dicts, then its children's). No strong
+  // references: they would keep a model whose submodules point back at it alive for ever (the garbage
+  // collector cannot see references held here) and keep removed submodules' tensors in memory. A dict can
+  // only go away after a dict before it in this order changed (its owner's __dict__ or its parent's
+  // _modules), and the comparison stops there; with dict watchers, its death is itself an event.
+  std::vector<PyObject*> dicts_;
 #if PY_VERSION_HEX < 0x030C0000
   std::vector<std::uint64_t> versions_;
   std::uint64_t registration_epoch_ = 0;

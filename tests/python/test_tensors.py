@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import re
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -225,11 +227,14 @@ def changes():
     def direct_dict_write(model):  # what accelerate's set_module_tensor_to_device does
         model.layers[2]._parameters["bias"] = nn.Parameter(torch.zeros(4, device="meta"))
 
+    def parameters_dict_replaced(model):  # the whole dict, not an entry
+        model.norm._parameters = {"weight": nn.Parameter(torch.ones(4, device="meta")), "bias": None}
+
     def buffer_write(model):
         model._buffers["scale"] = torch.ones(4, device="meta")
 
     return [to, reassign, add_submodule, submodule_in_a_leaf, register_buffer, load_assign, overwrite, swap, direct_dict_write,
-            buffer_write]
+            parameters_dict_replaced, buffer_write]
 
 
 @pytest.mark.parametrize("change", changes(), ids=lambda f: f.__name__)
@@ -278,6 +283,30 @@ def test_guard_follows_a_model_moved_back_and_forth(future_flags):
         model.layers[0].weight = nn.Parameter(model.layers[0].weight.to("meta"))
         err = mismatch(model, x)
         assert err.groups[1]["summary"] == ["layers.0.weight"]
+
+
+def test_checks_keep_no_model_or_tensor_alive():
+    class Child(nn.Module):
+        def __init__(self, parent: nn.Module) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.__dict__["parent"] = parent  # a back-reference: the model is a reference cycle
+
+    model = Stack(2)
+    model.child = Child(model)
+    x = torch.zeros(2, 4)
+    handle = gpuguard.guard(model, deep=False)
+    deep = gpuguard.guard(model, deep=True)
+    model(x)
+    gpuguard.assert_same_device(model, x)
+    removed = weakref.ref(model.layers[1].weight)
+    del model.layers[1]
+    model(x)
+    assert removed() is None  # a removed layer's tensors are not held by a snapshot
+    alive = weakref.ref(model)
+    del model, handle, deep
+    gc.collect()
+    assert alive() is None  # hooks and the snapshot cache leave the cycle collectable
 
 
 # ---- @same_device -----------------------------------------------------------------------------------------
