@@ -210,7 +210,8 @@ py::object make_hook(Guard* guard, PyMethodDef* def) {
     delete guard;
     throw py::error_already_set();
   }
-  PyObject* fn = PyCFunction_New(def, capsule);  // the function holds the capsule, the capsule the guard
+  static PyObject* module_name = PyUnicode_InternFromString("gpuguard._C");  // how tracebacks and Dynamo name it
+  PyObject* fn = PyCFunction_NewEx(def, capsule, module_name);  // holds the capsule, the capsule the guard
   Py_DECREF(capsule);
   if (!fn) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(fn);
