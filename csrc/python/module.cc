@@ -3,8 +3,10 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include "device_check.h"
 #include "gpuguard/cuda_driver.h"
 #include "gpuguard/visible_devices.h"
+#include "gpuguard/tensor_devices.h"
 
 namespace py = pybind11;
 
@@ -144,6 +146,24 @@ void bind_binding(py::module_& m) {
 
 // ---- tensor devices (issue: tensor-device consistency) ----------------------------------------------------
 
+void bind_tensor_devices(py::module_& m) {
+  namespace gp = gpuguard::python;
+  m.def("check_call", &gp::check_call, py::arg("module"), py::arg("args"), py::arg("kwargs"),
+        py::arg("expected"), py::arg("labels"),
+        "The common torch.device of a module's parameters and buffers (module may be None) and every tensor in "
+        "args/kwargs; None when there is none. Raises gpuguard.DeviceMismatchError.");
+  m.def("checks_disabled", &gp::checks_disabled, "Whether GPUGUARD_DISABLE turns every check off.");
+  m.def("compress_names", &gpuguard::compress_names, py::arg("names"), py::arg("universe"),
+        "Qualified names with whole subtrees and index runs compressed (layers.0-15.*).");
+  m.def("forward_hook", &gp::make_forward_hook,
+        "A new forward pre-hook (with_kwargs=True) for guard(module): the whole tree against the inputs.");
+  m.def("layer_hook", &gp::make_layer_hook, py::arg("name"), py::arg("type"),
+        "A new forward pre-hook (with_kwargs=True) for one layer under guard(module, deep=True).");
+  py::class_<gp::TreeWatch>(m, "TreeWatch", "Tells whether a module tree changed since it was last seen.")
+      .def(py::init<>())
+      .def("changed", &gp::TreeWatch::changed, py::arg("module"));
+}
+
 
 // ---- identity records and placement (issue: duplicate-device detection) -----------------------------------
 
@@ -160,4 +180,5 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
   bind_cuda_driver(m);
   bind_binding(m);
+  bind_tensor_devices(m);
 }

@@ -20,6 +20,7 @@ from .errors import (
     RendezvousTimeoutError,
 )
 from .launchers import LaunchContext, detect as detect_launcher
+from .tensors import GuardHandle, assert_same_device, guard, same_device
 
 __version__ = "0.1.0"
 
@@ -32,15 +33,19 @@ __all__ = [
     "DuplicateDeviceError",
     "GpuGuardError",
     "GpuGuardWarning",
+    "GuardHandle",
     "LaunchContext",
     "LaunchEnvironmentError",
     "RankMappingError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
     "__version__",
+    "assert_same_device",
     "bind",
     "cuda_status",
     "detect_launcher",
     "devices",
+    "guard",
     "init_process_group",
+    "same_device",
 ]

@@ -24,7 +24,13 @@ class DuplicateDeviceError(GpuGuardError):
 
 
 class DeviceMismatchError(GpuGuardError):
-    """Tensors (parameters, buffers, inputs) that must share a device do not."""
+    """Tensors (parameters, buffers, inputs) that must share a device do not.
+
+    Fields: ``groups`` (one dict per device: ``device``, ``parameters`` and ``buffers`` by qualified name,
+    ``inputs`` as ``{name, shape, dtype}``, ``summary`` with runs compressed), ``devices`` (the devices, in
+    the order of ``groups``), ``expected`` (the device asked for, or None) and ``layer`` (guard(deep=True):
+    the qualified name of the layer whose inputs disagree with its weights, else None).
+    """
 
 
 class RankMappingError(GpuGuardError):

@@ -1,0 +1,358 @@
+// The name-rich side of the device check: groups tensors by device and writes the report (which
+// parameters, buffers and inputs are where, the likely cause, the fix). Runs only once a check has failed.
+#include "gpuguard/tensor_devices.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace gpuguard {
+
+namespace {
+
+std::vector<std::string> split_dots(const std::string& name) {
+  std::vector<std::string> out;
+  std::string::size_type start = 0;
+  while (true) {
+    auto dot = name.find('.', start);
+    out.push_back(name.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return out;
+}
+
+std::string join_dots(const std::vector<std::string>& parts) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += '.';
+    out += parts[i];
+  }
+  return out;
+}
+
+// A submodule index as nn.Sequential / nn.ModuleList print it: digits, no leading zero. Anything else
+// ("01", "layer3") is a name, not an index, and is never merged into a range.
+bool as_index(const std::string& token, long long* value) {
+  if (token.empty() || token.size() > 15) return false;
+  if (token.size() > 1 && token[0] == '0') return false;
+  long long v = 0;
+  for (char c : token) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+    v = v * 10 + (c - '0');
+  }
+  *value = v;
+  return true;
+}
+
+// How many names lie under each dotted prefix ("layers", "layers.0", ...), the name itself excluded.
+std::unordered_map<std::string, std::size_t> count_under_prefixes(const std::vector<std::string>& names) {
+  std::unordered_map<std::string, std::size_t> counts;
+  for (const auto& name : names) {
+    for (std::string::size_type i = name.find('.'); i != std::string::npos; i = name.find('.', i + 1)) {
+      ++counts[name.substr(0, i)];
+    }
+  }
+  return counts;
+}
+
+struct Run {
+  std::vector<std::string> tokens;  // the first item of the run
+  int position = -1;                // which token counts up; -1 while the run holds one item
+  long long first = 0;
+  long long last = 0;
+};
+
+// Extends `run` with `tokens` when they continue it: equal everywhere but one index token, one higher.
+bool extend_run(Run& run, const std::vector<std::string>& tokens) {
+  if (run.tokens.size() != tokens.size()) return false;
+  if (run.position >= 0) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (static_cast<int>(i) == run.position) continue;
+      if (tokens[i] != run.tokens[i]) return false;
+    }
+    long long v = 0;
+    if (!as_index(tokens[run.position], &v) || v != run.last + 1) return false;
+    run.last = v;
+    return true;
+  }
+  int differs = -1;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] == run.tokens[i]) continue;
+    if (differs >= 0) return false;
+    differs = static_cast<int>(i);
+  }
+  long long a = 0, b = 0;
+  if (differs < 0 || !as_index(run.tokens[differs], &a) || !as_index(tokens[differs], &b) || b != a + 1) {
+    return false;
+  }
+  run.position = differs;
+  run.first = a;
+  run.last = b;
+  return true;
+}
+
+std::string plural(std::size_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+std::string join(const std::vector<std::string>& items, const std::string& sep, std::size_t limit) {
+  std::string out;
+  const std::size_t shown = items.size() > limit ? limit : items.size();
+  for (std::size_t i = 0; i < shown; ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  if (shown < items.size()) out += sep + "… (" + std::to_string(items.size() - shown) + " more)";
+  return out;
+}
+
+std::string describe_input(const InputInfo& in) {
+  std::string shape = "[";
+  for (std::size_t i = 0; i < in.shape.size(); ++i) {
+    if (i) shape += ", ";
+    shape += std::to_string(in.shape[i]);
+  }
+  shape += "]";
+  return in.name + " (shape " + shape + ", " + in.dtype + ")";
+}
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+bool is_cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
+
+std::string dtype_name(const at::Tensor& t) {
+  return std::string(c10::getDtypeNames(t.scalar_type()).first);
+}
+
+// The likely cause and the fix, chosen from where the module's own tensors and the inputs are.
+std::string cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext& ctx) {
+  std::vector<c10::Device> module_devices;
+  std::vector<c10::Device> input_devices;
+  std::string first_input;
+  for (const auto& g : groups) {
+    if (!g.parameters.empty() || !g.buffers.empty()) module_devices.push_back(g.device);
+    if (!g.inputs.empty()) input_devices.push_back(g.device);
+  }
+  const bool has_module = !module_devices.empty();
+  // groups are ordered with the module's (or the expected) device first
+  const c10::Device home = ctx.expected ? *ctx.expected : groups.front().device;
+  const std::string home_name = device_name(home);
+  for (const auto& g : groups) {
+    if (g.device != home && !g.inputs.empty() && first_input.empty()) first_input = g.inputs.front().name;
+  }
+  const std::string var = is_identifier(first_input) ? first_input : "x";
+  std::string other_name;
+  for (const auto& g : groups) {
+    if (g.device != home) {
+      other_name = device_name(g.device);
+      break;
+    }
+  }
+
+  std::string out;
+  if (ctx.expected) {
+    out += "Likely cause: these tensors were created, loaded or moved somewhere other than " + home_name + ".\n";
+    out += "Fix: move them to " + home_name + ":";
+    bool any = false;
+    for (const auto& g : groups) {
+      if (g.device == home) continue;
+      if (!g.parameters.empty() || !g.buffers.empty()) {
+        out += std::string(any ? ";" : "") + " model.to(" + quoted(home_name) + ")";
+        any = true;
+        break;
+      }
+    }
+    if (!first_input.empty()) {
+      out += std::string(any ? ";" : "") + " " + var + " = " + var + ".to(" + quoted(home_name) + ")";
+    }
+    out += ".";
+    return out;
+  }
+  if (!ctx.layer.empty()) {
+    const std::string layer = "model.get_submodule(" + quoted(ctx.layer) + ")";
+    if (module_devices.size() > 1) {
+      out += "Likely cause: the layer's own parameters and buffers are split across devices (part of it was moved "
+             "or loaded on its own).\n";
+      out += "Fix: keep the layer in one piece: " + layer + ".to(" + quoted(home_name) + ").";
+      return out;
+    }
+    out += "Likely cause: its input was produced on " + other_name + " (by the layers before it, or by the caller) and "
+           "nothing moves it to " + home_name + " before '" + ctx.layer + "'; or '" + ctx.layer +
+           "' alone was placed on " + home_name + ".\n";
+    out += "Fix: if the model is split across devices on purpose, move the activation in the parent's forward "
+           "before calling this layer: " + var + " = " + var + ".to(" + quoted(home_name) +
+           "); otherwise put the layer with the rest: " + layer + ".to(" + quoted(other_name) + ").";
+    return out;
+  }
+  if (has_module && module_devices.size() > 1) {
+    out += "Likely cause: the model itself is split: part of it was moved or loaded onto another device (a .to() on "
+           "a submodule, a device map, load_state_dict(assign=True) with tensors from another device).\n";
+    out += "Fix: model.to(" + quoted(home_name) + ") puts every parameter and buffer on one device; if the split "
+           "is deliberate, check the model layer by layer with gpuguard.guard(model, deep=True) instead.";
+    return out;
+  }
+  if (has_module) {
+    out += "Likely cause: the inputs were put on a different device than the model (for example moved by hand to a "
+           "GPU of your choosing while a framework placed the model on another).\n";
+    out += "Fix: move the inputs to the model's device: " + var + " = " + var + ".to(" + quoted(home_name) +
+           "), or take the device from the model: " + var + ".to(next(model.parameters()).device); or move the "
+           "model to the inputs with model.to(" + quoted(other_name) + ").";
+    return out;
+  }
+  out += "Fix: move the tensors to one device, e.g. " + var + " = " + var + ".to(" + quoted(home_name) + ").";
+  return out;
+}
+
+}  // namespace
+
+std::string device_name(c10::Device device) { return device.str(); }
+
+std::vector<std::string> compress_names(const std::vector<std::string>& names,
+                                        const std::vector<std::string>& universe) {
+  const auto in_universe = count_under_prefixes(universe.empty() ? names : universe);
+  const auto in_names = count_under_prefixes(names);
+
+  // 1. whole subtrees: the shortest prefix whose every tensor is in `names` stands for all of them
+  std::vector<std::string> items;
+  std::unordered_set<std::string> emitted;
+  for (const auto& name : names) {
+    std::string item = name;
+    for (std::string::size_type i = name.find('.'); i != std::string::npos; i = name.find('.', i + 1)) {
+      const std::string prefix = name.substr(0, i);
+      auto u = in_universe.find(prefix);
+      auto n = in_names.find(prefix);
+      if (u != in_universe.end() && n != in_names.end() && u->second == n->second && u->second >= 2) {
+        item = prefix + ".*";
+        break;
+      }
+    }
+    if (emitted.insert(item).second) items.push_back(item);
+  }
+
+  // 2. runs of consecutive indices; only the few most recent runs are candidates, which keeps this linear
+  std::vector<Run> runs;
+  constexpr std::size_t kLookBack = 8;
+  for (const auto& item : items) {
+    auto tokens = split_dots(item);
+    bool extended = false;
+    for (std::size_t k = 0; k < runs.size() && k < kLookBack && !extended; ++k) {
+      extended = extend_run(runs[runs.size() - 1 - k], tokens);
+    }
+    if (!extended) runs.push_back(Run{std::move(tokens)});
+  }
+  std::vector<std::string> out;
+  out.reserve(runs.size());
+  for (auto& run : runs) {
+    if (run.position >= 0) run.tokens[run.position] = std::to_string(run.first) + "-" + std::to_string(run.last);
+    out.push_back(join_dots(run.tokens));
+  }
+  return out;
+}
+
+DeviceReport check_devices(const std::vector<TensorEntry>& entries, const CheckContext& context) {
+  DeviceReport report;
+  DeviceAgreement agreement(context.expected);
+  for (const auto& e : entries) agreement.add(e.tensor);
+  if (agreement.agree()) {
+    report.device = agreement.device();
+    return report;
+  }
+  report.consistent = false;
+
+  // every name a group can list: "layers.3.*" must not hide a tensor that is listed nowhere
+  std::vector<std::string> universe;
+  for (const auto& e : entries) {
+    if (e.role != TensorRole::kInput && e.tensor.defined() && !is_cpu_scalar(e.tensor)) universe.push_back(e.name);
+  }
+  // group by device in order of first appearance; a 0-dim CPU tensor never disagrees, so is never listed
+  std::vector<DeviceGroup> groups;
+  for (const auto& e : entries) {
+    if (!e.tensor.defined() || is_cpu_scalar(e.tensor)) continue;
+    const c10::Device d = e.tensor.device();
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const DeviceGroup& g) { return g.device == d; });
+    if (it == groups.end()) {
+      groups.push_back(DeviceGroup{d, {}, {}, {}, {}});
+      it = groups.end() - 1;
+    }
+    switch (e.role) {
+      case TensorRole::kParameter: it->parameters.push_back(e.name); break;
+      case TensorRole::kBuffer: it->buffers.push_back(e.name); break;
+      case TensorRole::kInput: {
+        InputInfo in{e.name, {}, dtype_name(e.tensor)};
+        const auto sizes = e.tensor.sym_sizes();
+        for (const auto& s : sizes) in.shape.push_back(s.guard_int(__FILE__, __LINE__));
+        it->inputs.push_back(std::move(in));
+        break;
+      }
+    }
+  }
+  // the expected device first, then the device holding most of the module (the module's device), then inputs
+  std::stable_sort(groups.begin(), groups.end(), [&](const DeviceGroup& a, const DeviceGroup& b) {
+    if (context.expected && (a.device == *context.expected) != (b.device == *context.expected)) {
+      return a.device == *context.expected;
+    }
+    const auto ma = a.parameters.size() + a.buffers.size();
+    const auto mb = b.parameters.size() + b.buffers.size();
+    if (ma != mb) return ma > mb;
+    return a.inputs.size() > b.inputs.size();
+  });
+  for (auto& g : groups) {
+    std::vector<std::string> owned = g.parameters;
+    owned.insert(owned.end(), g.buffers.begin(), g.buffers.end());
+    g.summary = compress_names(owned, universe);
+  }
+
+  std::vector<std::string> device_list;
+  for (const auto& g : groups) device_list.push_back(device_name(g.device));
+  std::string msg = "gpuguard: ";
+  if (!context.layer.empty()) {
+    msg += "layer '" + context.layer + "'" + (context.layer_type.empty() ? "" : " (" + context.layer_type + ")") +
+           " is about to run on tensors from " + std::to_string(groups.size()) + " devices (" +
+           join(device_list, ", ", 8) +
+           "); PyTorch would stop inside this layer with \"Expected all tensors to be on the same device\".\n";
+  } else if (context.expected) {
+    std::size_t elsewhere = 0;
+    std::vector<std::string> other;
+    for (const auto& g : groups) {
+      if (g.device == *context.expected) continue;
+      elsewhere += g.parameters.size() + g.buffers.size() + g.inputs.size();
+      other.push_back(device_name(g.device));
+    }
+    msg += "expected every tensor on " + device_name(*context.expected) + ", but " +
+           plural(elsewhere, "tensor is", "tensors are") + " elsewhere (" + join(other, ", ", 8) + ").\n";
+  } else {
+    msg += "tensors that must share one device are on " + std::to_string(groups.size()) + " devices: " +
+           join(device_list, ", ", 8) + ".\n";
+  }
+  const std::string owner = !context.layer.empty() ? "'" + context.layer + "'" : context.module;
+  for (const auto& g : groups) {
+    const std::string label = "  " + device_name(g.device) + ": ";
+    if (!g.parameters.empty() || !g.buffers.empty()) {
+      std::string what;
+      if (!g.parameters.empty()) what = plural(g.parameters.size(), "parameter", "parameters");
+      if (!g.buffers.empty()) what += (what.empty() ? "" : ", ") + plural(g.buffers.size(), "buffer", "buffers");
+      msg += label + what + (owner.empty() ? "" : " of " + owner) + ": " + join(g.summary, ", ", 12) + "\n";
+    }
+    if (!g.inputs.empty()) {
+      std::vector<std::string> described;
+      for (const auto& in : g.inputs) described.push_back(describe_input(in));
+      msg += label + plural(g.inputs.size(), "input", "inputs") + ": " + join(described, ", ", 6) + "\n";
+    }
+  }
+  msg += cause_and_fix(groups, context);
+  report.groups = std::move(groups);
+  report.message = std::move(msg);
+  return report;
+}
+
+}  // namespace gpuguard
