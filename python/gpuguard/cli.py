@@ -37,6 +37,31 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import LogExplainer, format_diagnoses
+
+    explainer = LogExplainer(match_local=not args.no_local)
+    if args.file in (None, "-"):
+        if sys.stdin.isatty():
+            print("gpuguard explain: reading the error text from the terminal; end it with Ctrl-D "
+                  "(or pass a log file: gpuguard explain FILE)", file=sys.stderr)
+        explainer.feed_stream(sys.stdin.buffer)
+    else:
+        try:
+            with open(args.file, "rb") as f:
+                explainer.feed_stream(f)
+        except OSError as exc:
+            print(f"gpuguard explain: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    found = explainer.diagnoses()
+    if args.json:
+        print(json.dumps({"recognised": bool(found), "lines_read": explainer.lines,
+                          "diagnoses": [d.as_dict() for d in found]}, indent=2))
+    else:
+        print(format_diagnoses(found, explainer.lines), end="")
+    return 0 if found else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuguard",
@@ -48,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list the CUDA devices this process can see")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("explain", help="decode an NCCL / PyTorch / Ray error message or a whole log",
+                       description="Reads one error message or a whole log (ranks interleaved, launcher "
+                                   "prefixes allowed) and explains each failure it recognises: the ranks and "
+                                   "devices involved, the cause and the fix. Exit status: 0 when something was "
+                                   "recognised, 1 when nothing was, 2 when the input cannot be read.")
+    p.add_argument("file", nargs="?", metavar="FILE", help="the log to read; '-' or nothing reads standard input")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--no-local", action="store_true",
+                   help="do not match NCCL's PCI bus ids to this host's GPUs (leaves the CUDA driver alone)")
+    p.set_defaults(func=cmd_explain)
 
     return parser
 
