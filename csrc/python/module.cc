@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "gpuguard/cuda_driver.h"
+#include "gpuguard/p2p_probe.h"
 
 namespace py = pybind11;
 
@@ -100,10 +101,40 @@ void bind_cuda_driver(py::module_& m) {
 
 // ---- diagnostics (issue: doctor/explain) ------------------------------------------------------------------
 
+void bind_diagnostics(py::module_& m) {
+  m.def("peer_copy_probe", [](int src, int dst, std::size_t bytes) -> py::dict {
+    gpuguard::Result<gpuguard::PeerCopyResult> r = gpuguard::Error{};
+    {
+      py::gil_scoped_release nogil;  // a broken driver may block here; the caller runs it under a deadline
+      r = gpuguard::peer_copy_probe(src, dst, bytes);
+    }
+    py::dict out;
+    out["src"] = src;
+    out["dst"] = dst;
+    out["bytes"] = bytes;
+    if (!r) {
+      out["error"] = error_to_dict(r.error());
+      return out;
+    }
+    const auto& v = r.value();
+    out["error"] = py::none();
+    out["peer_access_reported"] = v.peer_access_reported;
+    out["peer_access_enabled"] = v.peer_access_enabled;
+    out["verified"] = v.verified;
+    out["mismatched_bytes"] = v.mismatched_bytes;
+    out["first_mismatch"] = v.mismatched_bytes ? py::object(py::int_(v.first_mismatch)) : py::object(py::none());
+    out["destination_unchanged"] = v.destination_unchanged;
+    out["copy_milliseconds"] = v.copy_milliseconds;
+    return out;
+  }, py::arg("src"), py::arg("dst"), py::arg("bytes"),
+     "Copies `bytes` from visible device src to dst (peer access enabled where offered) and verifies them.");
+}
+
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
   bind_cuda_driver(m);
+  bind_diagnostics(m);
 }
