@@ -62,6 +62,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0 if found else 1
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import format_report, run_doctor
+
+    if args.timeout <= 0:
+        print(f"gpuguard doctor: --timeout must be a positive number of seconds, not {args.timeout:g}",
+              file=sys.stderr)
+        return 2
+    report = run_doctor(p2p=args.p2p, nccl=args.nccl, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(format_report(report), end="")
+    return report.exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuguard",
@@ -84,6 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-local", action="store_true",
                    help="do not match NCCL's PCI bus ids to this host's GPUs (leaves the CUDA driver alone)")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("doctor", help="report on this machine and process, with findings and fixes",
+                       description="Versions, launcher environment, CUDA_VISIBLE_DEVICES, devices and peer access, "
+                                   "then findings with a severity and a fix. Exit status 1 when a finding is an "
+                                   "error. Paste the output into an issue as it is.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--p2p", action="store_true",
+                   help="copy between every pair of GPUs and verify the bytes (in a child process, under --timeout)")
+    p.add_argument("--nccl", action="store_true",
+                   help="run an all-reduce across the local GPUs, and again with NCCL_P2P_DISABLE=1 if it hangs")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="deadline in seconds for each probe (default 30)")
+    p.set_defaults(func=cmd_doctor)
 
     return parser
 

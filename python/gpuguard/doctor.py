@@ -1,0 +1,428 @@
+"""gpuguard doctor: a report on this machine and process that a user can paste into an issue as it is.
+
+One fact a line, versions first; "not checked: X: because Y" instead of a crash; findings last, each with a
+severity and a fix. The probes that can hang (a real peer copy, an NCCL all-reduce) run in child processes
+under a deadline. Nothing here initialises CUDA through torch: the driver is reached through gpuguard's own
+loader, as devices() does.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .devices import CudaStatus, Device, cuda_status, devices
+from .visible_devices import VisibleDevices, parse_visible_devices
+
+SCHEMA = "gpuguard.doctor/1"
+SEVERITIES = ("error", "warning", "info")
+
+# Environment variables of the launchers gpuguard knows (DESIGN.md, "Launchers whose environment bind() reads").
+LAUNCHER_VARIABLES = {
+    "torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"),
+    "SLURM": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID", "SLURM_JOB_ID"),
+    "Open MPI": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "MPICH/Intel MPI": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    "MVAPICH2": ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE"),
+    "PMIx": ("PMIX_RANK",),
+    "LSF jsrun": ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"),
+    "Ray": ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "RAY_ADDRESS"),
+}
+# Settings that change how NCCL and CUDA place or move data; printed when set.
+SETTINGS = ("CUDA_DEVICE_ORDER", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE",
+            "NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "HIP_VISIBLE_DEVICES",
+            "ROCR_VISIBLE_DEVICES")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something the report found: how bad (error / warning / info), what, and the fix."""
+
+    severity: str
+    code: str
+    message: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"severity": self.severity, "code": self.code, "message": self.message, "fix": self.fix}
+
+
+@dataclass
+class Report:
+    versions: dict[str, Optional[str]] = field(default_factory=dict)
+    host: dict[str, str] = field(default_factory=dict)
+    launcher: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, str] = field(default_factory=dict)
+    cuda: Optional[CudaStatus] = None
+    visible: Optional[VisibleDevices] = None
+    devices: list[Device] = field(default_factory=list)
+    peer_access: Optional[list[list[Optional[bool]]]] = None
+    p2p: Optional[dict[str, Any]] = None
+    nccl: Optional[dict[str, Any]] = None
+    unchecked: list[tuple[str, str]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(f.severity == "error" for f in self.findings) else 0
+
+    def not_checked(self, what: str, why: str) -> None:
+        self.unchecked.append((what, why))
+
+    def find(self, severity: str, code: str, message: str, fix: str = "") -> None:
+        assert severity in SEVERITIES, severity
+        self.findings.append(Finding(severity, code, message, fix))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "versions": self.versions,
+            "host": self.host,
+            "launcher": self.launcher,
+            "settings": self.settings,
+            "cuda": self.cuda.as_dict() if self.cuda else None,
+            "cuda_visible_devices": self.visible.as_dict() if self.visible else None,
+            "devices": [d.as_dict() for d in self.devices],
+            "peer_access": self.peer_access,
+            "p2p": self.p2p,
+            "nccl": self.nccl,
+            "not_checked": [{"what": w, "why": y} for w, y in self.unchecked],
+            "findings": [f.as_dict() for f in sorted(self.findings, key=_severity_order)],
+            "exit_code": self.exit_code,
+        }
+
+
+def _severity_order(f: Finding) -> int:
+    return SEVERITIES.index(f.severity)
+
+
+# ---- collecting ------------------------------------------------------------------------------------------
+
+def _versions(report: Report) -> None:
+    from . import __version__
+    from ._native import TORCH_VERSION_BUILT_FOR
+
+    report.versions["gpuguard"] = __version__
+    report.versions["gpuguard built for torch"] = TORCH_VERSION_BUILT_FOR
+    report.versions["python"] = f"{platform.python_version()} ({platform.python_implementation()})"
+    import torch
+
+    report.versions["torch"] = torch.__version__
+    cuda_build = getattr(torch.version, "cuda", None)
+    report.versions["torch CUDA build"] = cuda_build or "none (CPU-only build of torch)"
+    report.versions["NCCL"] = _nccl_version(report)
+    try:
+        report.versions["ray"] = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        report.versions["ray"] = "not installed"
+
+
+def _nccl_version(report: Report) -> Optional[str]:
+    """NCCL as torch bundles it: torch.cuda.nccl.version() asks the library and does not initialise CUDA."""
+    try:
+        import torch.cuda.nccl as torch_nccl
+
+        v = torch_nccl.version()
+    except Exception as exc:  # CPU-only torch, or an NCCL that cannot be loaded
+        report.not_checked("NCCL version", f"torch.cuda.nccl.version() failed: {exc}")
+        return None
+    text = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    return f"{text} (the copy torch uses)"
+
+
+def _launcher(report: Report) -> None:
+    seen: dict[str, dict[str, str]] = {}
+    for name, variables in LAUNCHER_VARIABLES.items():
+        values = {v: os.environ[v] for v in variables if v in os.environ}
+        if values:
+            seen[name] = values
+    report.launcher = {"detected": list(seen), "variables": seen}
+    for key in SETTINGS:
+        if key in os.environ:
+            report.settings[key] = os.environ[key]
+
+
+def _physical_uuids(report: Report) -> Optional[list[str]]:
+    """The host's GPUs in driver order with no CUDA_VISIBLE_DEVICES: the driver reads the variable once per
+    process, so only a fresh child can show what it hides."""
+    from .probes import child_env, run_child
+
+    code = ("import json, gpuguard\n"
+            "print(json.dumps({'event': 'devices', 'uuids': [d.uuid for d in gpuguard.devices()]}))\n")
+    run = run_child([sys.executable, "-c", code], child_env(CUDA_VISIBLE_DEVICES=None), timeout=60.0)
+    for event in run.events:
+        if event.get("event") == "devices":
+            return [str(u) for u in event["uuids"]]
+    report.not_checked("CUDA_VISIBLE_DEVICES entries against the host's GPUs",
+                       "listing the GPUs without CUDA_VISIBLE_DEVICES in a child process failed"
+                       + (" (timed out)" if run.timed_out else f": {run.stderr_tail.strip()[-300:]}"))
+    return None
+
+
+def _visibility(report: Report) -> None:
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical: Optional[list[str]] = None
+    if raw is not None and report.cuda is not None and report.cuda.library_loaded:
+        physical = _physical_uuids(report)
+    report.visible = parse_visible_devices(raw, physical)
+    v = report.visible
+    if raw is None:
+        return
+    bad = [e for e in v.entries if e.status not in ("visible", "unchecked", "ignored")]
+    if not bad:
+        return
+    first = bad[0]
+    dropped = [e.text for e in v.ignored]
+    visible_count = sum(1 for e in v.entries if e.status == "visible")
+    what = (f"CUDA_VISIBLE_DEVICES={raw!r}: entry {first.position + 1} ({first.text!r}) is {first.status.replace('_', ' ')}"
+            f" ({first.reason}); the driver stops there")
+    if dropped:
+        what += f", so the entries after it ({', '.join(repr(d) for d in dropped)}) are silently ignored"
+    what += f" and this process sees {visible_count} GPU(s)."
+    fix = ("List each GPU once, by index (0..N-1 of the host, see `nvidia-smi -L`) or by UUID; an unset "
+           "CUDA_VISIBLE_DEVICES shows every GPU.")
+    if visible_count == 0:
+        report.find("warning", "visible_devices_hide_all", what + " If hiding every GPU is intended, this is fine.",
+                    fix)
+    else:
+        report.find("error", "visible_devices_invalid", what, fix)
+
+
+def _devices(report: Report) -> None:
+    status = cuda_status()
+    report.cuda = status
+    if status.library_loaded:
+        report.versions["CUDA driver"] = f"{status.driver_version_string} ({status.library})"
+    else:
+        report.versions["CUDA driver"] = None
+        report.not_checked("CUDA driver", status.reason or "it could not be loaded")
+    report.devices = devices() if status.library_loaded else []
+    if not status.library_loaded:
+        report.find("warning", "no_driver", f"No NVIDIA driver could be loaded ({status.reason}); every GPU check "
+                    "was skipped.", "On a GPU machine, install the NVIDIA driver (nvidia-smi must work); on a CPU "
+                    "machine, nothing to do.")
+    elif not report.devices:
+        report.not_checked("devices", status.reason or "the driver reports none")
+
+
+def _torch_vs_driver(report: Report) -> None:
+    import torch
+
+    cuda_build = getattr(torch.version, "cuda", None)
+    status = report.cuda
+    if status is None or not status.library_loaded or not status.driver_version:
+        return
+    if not cuda_build:
+        if report.devices:
+            report.find("warning", "torch_cpu_only", f"torch {torch.__version__} is a CPU-only build, but this "
+                        f"machine has {len(report.devices)} GPU(s).", "Install a CUDA build of torch "
+                        "(https://pytorch.org/get-started/locally/).")
+        return
+    try:
+        major, minor = (int(x) for x in cuda_build.split(".")[:2])
+    except ValueError:
+        report.not_checked("torch's CUDA version against the driver", f"cannot read torch.version.cuda={cuda_build!r}")
+        return
+    d_major, d_minor = status.driver_version // 1000, (status.driver_version % 1000) // 10
+    if (major, minor) <= (d_major, d_minor):
+        return
+    if major > d_major:
+        report.find("error", "driver_too_old", f"torch {torch.__version__} is built for CUDA {cuda_build}, but the "
+                    f"driver supports CUDA {d_major}.{d_minor} at most: CUDA cannot start in torch.",
+                    f"Upgrade the NVIDIA driver to one supporting CUDA {major}.x, or install a torch built for "
+                    f"CUDA {d_major}.x.")
+    else:
+        report.find("warning", "driver_older_minor", f"torch is built for CUDA {cuda_build}, the driver supports "
+                    f"CUDA {d_major}.{d_minor}: it runs through CUDA minor-version compatibility, but kernels that "
+                    "need PTX JIT compilation fail.", f"Upgrade the driver to one supporting CUDA {cuda_build}.")
+
+
+def _peer_access(report: Report) -> None:
+    n = len(report.devices)
+    if n < 2:
+        if report.cuda is not None and report.cuda.library_loaded:
+            report.not_checked("peer access", f"{n} GPU visible: peer access needs two")
+        return
+    from ._native import _C
+
+    matrix: list[list[Optional[bool]]] = [[None] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            try:
+                matrix[i][j] = bool(_C.can_access_peer(i, j))
+            except RuntimeError as exc:
+                report.not_checked("peer access", str(exc))
+                report.peer_access = None
+                return
+    report.peer_access = matrix
+    no = [(i, j) for i in range(n) for j in range(n) if i != j and matrix[i][j] is False]
+    if no:
+        pairs = ", ".join(f"{i}->{j}" for i, j in no[:24]) + (" ..." if len(no) > 24 else "")
+        report.find("info", "no_peer_access", f"The driver reports no peer access for {len(no)} ordered GPU "
+                    f"pair(s) ({pairs}): NCCL moves data between them through host memory, more slowly.",
+                    "Nothing to fix if these are PCIe cards without P2P support; on NVLink systems check "
+                    "`nvidia-smi topo -m` and the fabric manager.")
+
+
+def _p2p(report: Report, timeout: float) -> None:
+    from .probes import peer_copy_all_pairs
+
+    if len(report.devices) < 2:
+        report.not_checked("peer copies (--p2p)", f"{len(report.devices)} GPU visible: a peer copy needs two")
+        return
+    result = peer_copy_all_pairs(timeout)
+    report.p2p = result.as_dict()
+    if result.failed_to_start:
+        report.not_checked("peer copies (--p2p)", result.failed_to_start)
+        return
+    errors = [p for p in result.pairs if p.get("error")]
+    dropped = [p for p in result.pairs if not p.get("error") and not p.get("verified")]
+    for p in errors[:8]:
+        report.find("error", "peer_copy_failed", f"Peer copy GPU {p['src']} -> GPU {p['dst']} failed: "
+                    f"{p['error']['message']}", "Check `nvidia-smi topo -m` and the kernel log (dmesg) for PCIe "
+                    "or NVLink errors on these GPUs.")
+    if dropped:
+        lying = [p for p in dropped if p.get("peer_access_reported")]
+        pairs = ", ".join(f"{p['src']}->{p['dst']}" for p in dropped[:24])
+        lost = sum(int(p.get("mismatched_bytes") or 0) for p in dropped)
+        total = sum(int(p.get("bytes") or 0) for p in dropped)
+        unchanged = all(p.get("destination_unchanged") for p in dropped)
+        msg = (f"Peer copies report success but the data does not arrive on {len(dropped)} GPU pair(s) "
+               f"({pairs}): {lost} of {total} bytes differ"
+               + (", the destination untouched: peer writes are being dropped" if unchanged else "") + ".")
+        if lying:
+            msg += (f" The driver claims peer access for {len(lying)} of these pairs (cuDeviceCanAccessPeer): "
+                    "the capability flag is wrong on this machine, and NCCL trusting it will hang or corrupt data.")
+        report.find("error", "peer_writes_dropped", msg,
+                    "PCIe ACS redirecting peer traffic, or an IOMMU not in passthrough, is the usual cause: disable "
+                    "ACS on the PCIe switches (BIOS setting, or setpci) and boot with iommu=pt. Until then run "
+                    "NCCL with NCCL_P2P_DISABLE=1 (`gpuguard doctor --nccl` checks that it is the cure).")
+    if result.timed_out:
+        where = (f" while copying GPU {result.hung_pair[0]} -> GPU {result.hung_pair[1]}"
+                 if result.hung_pair else "")
+        report.find("error", "peer_copy_hang", f"The peer copies did not finish within {timeout:g} s{where}: "
+                    "GPU peer-to-peer hangs on this machine.", "Check `nvidia-smi topo -m` and dmesg; run NCCL "
+                    "with NCCL_P2P_DISABLE=1 until P2P is fixed (`gpuguard doctor --nccl` checks that it helps).")
+    if not errors and not dropped and not result.timed_out:
+        peer = sum(1 for p in result.pairs if p.get("peer_access_enabled"))
+        report.find("info", "peer_copies_verified", f"Peer copies verified byte for byte on all {len(result.pairs)} "
+                    f"ordered GPU pairs ({peer} over the direct peer path, {len(result.pairs) - peer} staged "
+                    "through host memory).")
+
+
+def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) -> Report:
+    """Collects the report. Never raises for what it cannot check: that goes into ``not_checked``."""
+    report = Report()
+    report.host = {"hostname": socket.gethostname(), "os": f"{platform.system()} {platform.release()}",
+                   "machine": platform.machine()}
+    _versions(report)
+    _launcher(report)
+    _devices(report)
+    _visibility(report)
+    _torch_vs_driver(report)
+    _launcher_findings(report)
+    _settings_findings(report)
+    _peer_access(report)
+    if p2p:
+        _p2p(report, timeout)
+    if nccl:
+        report.not_checked("NCCL all-reduce (--nccl)", "gpuguard's NCCL loader is not part of this build")
+    return report
+
+
+def _launcher_findings(report: Report) -> None:
+    local = os.environ.get("LOCAL_RANK")
+    n = len(report.devices)
+    if local is None or not local.isdigit() or not report.cuda or not report.cuda.library_loaded or n == 0:
+        return
+    if int(local) >= n:
+        report.find("warning", "local_rank_beyond_devices", f"LOCAL_RANK={local}, but this process sees {n} GPU(s): "
+                    f"torch.cuda.set_device(local_rank) would fail with 'invalid device ordinal'.",
+                    "If the launcher gives each process its own CUDA_VISIBLE_DEVICES, use cuda:0; otherwise start "
+                    f"at most {n} process(es) per node.")
+
+
+def _settings_findings(report: Report) -> None:
+    if report.settings.get("NCCL_P2P_DISABLE") not in (None, "", "0"):
+        report.find("info", "p2p_disabled", "NCCL_P2P_DISABLE is set: NCCL moves intra-node data through host "
+                    "memory instead of GPU peer-to-peer, which costs intra-node bandwidth (reported at around "
+                    "7-10 % of step time in practice).",
+                    "Keep it only if P2P is broken here: `gpuguard doctor --p2p --nccl` tells.")
+    if "CUDA_DEVICE_ORDER" not in report.settings and len({d.name for d in report.devices}) > 1:
+        report.find("info", "device_order", "This machine mixes GPU models and CUDA_DEVICE_ORDER is unset: CUDA "
+                    "numbers the fastest GPU first while nvidia-smi numbers by PCI bus, so cuda:N and nvidia-smi's "
+                    "GPU N may differ.", "export CUDA_DEVICE_ORDER=PCI_BUS_ID to make both agree.")
+
+
+# ---- rendering -------------------------------------------------------------------------------------------
+
+def format_report(report: Report) -> str:
+    lines = ["gpuguard doctor: paste this report as it is into an issue", ""]
+    for key, value in report.versions.items():
+        lines.append(f"{key}: {value if value is not None else 'not checked'}")
+    lines.append(f"host: {report.host.get('hostname')} ({report.host.get('os')}, {report.host.get('machine')})")
+    detected = report.launcher.get("detected") or []
+    if detected:
+        for name in detected:
+            values = report.launcher["variables"][name]
+            lines.append(f"launcher {name}: " + " ".join(f"{k}={v}" for k, v in values.items()))
+    else:
+        lines.append("launcher: none seen (no launcher environment variables set)")
+    for key, value in report.settings.items():
+        lines.append(f"{key}={value}")
+    v = report.visible
+    if v is None or v.raw is None:
+        lines.append("CUDA_VISIBLE_DEVICES: unset (every GPU is visible)")
+    else:
+        lines.append(f"CUDA_VISIBLE_DEVICES: {v.raw!r}")
+        for e in v.entries:
+            lines.append(f"CUDA_VISIBLE_DEVICES entry {e.position + 1} {e.text!r}: {e.status.replace('_', ' ')}"
+                         + (f" ({e.reason})" if e.reason else ""))
+    if report.cuda is not None and report.cuda.library_loaded:
+        lines.append(f"devices visible: {len(report.devices)}"
+                     + (f" ({report.cuda.reason})" if report.cuda.reason and not report.devices else ""))
+    for d in report.devices:
+        cc = f"{d.compute_capability[0]}.{d.compute_capability[1]}"
+        lines.append(f"GPU {d.index}: {d.name}, {d.uuid}, {d.pci_bus_id}, {d.total_memory_gib:.1f} GiB, cc {cc}")
+    if report.peer_access is not None:
+        n = len(report.peer_access)
+        lines.append("peer access (cuDeviceCanAccessPeer; row = from, column = to): "
+                     + " ".join(f"{i}" for i in range(n)))
+        for i, row in enumerate(report.peer_access):
+            cells = " ".join("-" if c is None else ("y" if c else "n") for c in row)
+            lines.append(f"peer access from GPU {i}: {cells}")
+    if report.p2p is not None:
+        for p in report.p2p["pairs"]:
+            if p.get("error"):
+                state = f"failed: {p['error']['message']}"
+            elif p.get("verified"):
+                state = "verified" + (" (peer path)" if p.get("peer_access_enabled") else " (staged through host)")
+            else:
+                state = (f"DATA LOST: {p.get('mismatched_bytes')} of {p.get('bytes')} bytes differ"
+                         + (", destination untouched" if p.get("destination_unchanged") else ""))
+            lines.append(f"peer copy GPU {p['src']} -> GPU {p['dst']}: {state}")
+        if report.p2p.get("timed_out"):
+            hung = report.p2p.get("hung_pair")
+            lines.append("peer copies: deadline passed" + (f" during GPU {hung[0]} -> GPU {hung[1]}" if hung else ""))
+    if report.nccl is not None:
+        for key, value in report.nccl.get("summary", {}).items():
+            lines.append(f"nccl {key}: {value}")
+    for what, why in report.unchecked:
+        lines.append(f"not checked: {what}: {why}")
+    lines.append("")
+    findings = sorted(report.findings, key=_severity_order)
+    if not findings:
+        lines.append("findings: none")
+    for f in findings:
+        lines.append(f"{f.severity}: {f.message}")
+        if f.fix:
+            lines.append(f"  fix: {f.fix}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,166 @@
+"""Runs GPU probes in child processes under a deadline, so that a hang in the driver or NCCL cannot hang us.
+
+Each child (python -m gpuguard._probe ...) prints one JSON object per line as it goes, flushing each; when the
+deadline passes, its whole process group is killed and what it printed so far says how far it got (which
+GPU pair was being copied, which rank never finished its all-reduce).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Any, Optional, Sequence
+
+# What is kept of a child's output, whatever it prints.
+MAX_EVENTS = 10_000
+STDERR_TAIL = 4096
+
+
+@dataclass
+class ChildRun:
+    """What one probe child did: its events (parsed JSON lines), how it ended, and its last stderr."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    returncode: Optional[int] = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    stderr_tail: str = ""
+
+
+def _read_events(stream: IO[bytes], run: ChildRun) -> None:
+    for raw in iter(stream.readline, b""):
+        if len(run.events) >= MAX_EVENTS:
+            continue
+        try:
+            event = json.loads(raw.decode("utf-8", "replace"))
+        except ValueError:
+            continue  # stray output from a library in the child is not an event
+        if isinstance(event, dict):
+            run.events.append(event)
+
+
+def _read_tail(stream: IO[bytes], run: ChildRun) -> None:
+    tail = b""
+    for chunk in iter(lambda: stream.read(1024), b""):
+        tail = (tail + chunk)[-STDERR_TAIL:]
+    run.stderr_tail = tail.decode("utf-8", "replace")
+
+
+def probe_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpuguard._probe", *args]
+
+
+class Child:
+    """One running probe child; wait() enforces the deadline."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str], stdin: bool = False) -> None:
+        self.run = ChildRun()
+        self._start = time.monotonic()
+        self.proc = subprocess.Popen(
+            list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, start_new_session=True)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._threads = [threading.Thread(target=_read_events, args=(self.proc.stdout, self.run), daemon=True),
+                         threading.Thread(target=_read_tail, args=(self.proc.stderr, self.run), daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def events_of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in list(self.run.events) if e.get("event") == kind]
+
+    def wait_for_event(self, kind: str, deadline: float) -> Optional[dict[str, Any]]:
+        """The first event of `kind`, or None if the child exits or the deadline passes first."""
+        while time.monotonic() < deadline:
+            found = self.events_of(kind)
+            if found:
+                return found[0]
+            if self.proc.poll() is not None:
+                for t in self._threads:
+                    t.join(timeout=1.0)
+                found = self.events_of(kind)
+                return found[0] if found else None
+            time.sleep(0.02)
+        return None
+
+    def wait(self, deadline: float) -> ChildRun:
+        try:
+            self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.run.timed_out = True
+        for t in self._threads:
+            t.join(timeout=2.0)
+        self.run.returncode = self.proc.returncode
+        self.run.seconds = time.monotonic() - self._start
+        return self.run
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the child's own session: it and anything it started
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+            pass
+
+
+def run_child(args: Sequence[str], env: dict[str, str], timeout: float) -> ChildRun:
+    child = Child(args, env)
+    return child.wait(time.monotonic() + timeout)
+
+
+def child_env(**overrides: Optional[str]) -> dict[str, str]:
+    """This process's environment with `overrides` applied (None removes a variable)."""
+    env = dict(os.environ)
+    path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([path] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    for k, v in overrides.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+# ---- the probes ------------------------------------------------------------------------------------------
+
+@dataclass
+class PeerCopyReport:
+    """Every ordered pair copied (or not) within the deadline."""
+
+    pairs: list[dict[str, Any]]
+    hung_pair: Optional[tuple[int, int]]
+    timed_out: bool
+    failed_to_start: Optional[str]
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pairs": self.pairs, "hung_pair": list(self.hung_pair) if self.hung_pair else None,
+                "timed_out": self.timed_out, "failed_to_start": self.failed_to_start,
+                "seconds": round(self.seconds, 3)}
+
+
+def peer_copy_all_pairs(timeout: float, nbytes: int = 8 << 20) -> PeerCopyReport:
+    """Copies between every ordered pair of visible GPUs in one child process, verified, under `timeout` s."""
+    run = run_child(probe_command("p2p", "--bytes", str(nbytes)), child_env(), timeout)
+    pairs = [e for e in run.events if e.get("event") == "result"]
+    started = [e for e in run.events if e.get("event") == "start"]
+    hung: Optional[tuple[int, int]] = None
+    if run.timed_out and started and len(started) > len(pairs):
+        hung = (int(started[-1]["src"]), int(started[-1]["dst"]))
+    failed = None
+    if not run.timed_out and run.returncode != 0:
+        failed = f"the probe process exited with status {run.returncode}: {run.stderr_tail.strip()[-500:]}"
+    return PeerCopyReport(pairs, hung, run.timed_out, failed, run.seconds)
