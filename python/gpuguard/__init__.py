@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from ._native import TORCH_VERSION_BUILT_FOR
 from .devices import CudaStatus, Device, cuda_status, devices
+from .doctor import DoctorReport, Finding
+from .doctor import run_doctor as doctor
 from .errors import (
     CudaStateError,
     DeviceMismatchError,
@@ -17,6 +19,7 @@ from .errors import (
     RankMappingError,
     RendezvousTimeoutError,
 )
+from .explain import Diagnosis, Evidence, explain, explain_file
 
 __version__ = "0.1.0"
 
@@ -25,7 +28,11 @@ __all__ = [
     "CudaStatus",
     "Device",
     "DeviceMismatchError",
+    "Diagnosis",
+    "DoctorReport",
     "DuplicateDeviceError",
+    "Evidence",
+    "Finding",
     "GpuGuardError",
     "LaunchEnvironmentError",
     "RankMappingError",
@@ -34,4 +41,7 @@ __all__ = [
     "__version__",
     "cuda_status",
     "devices",
+    "doctor",
+    "explain",
+    "explain_file",
 ]

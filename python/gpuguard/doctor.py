@@ -54,7 +54,7 @@ class Finding:
 
 
 @dataclass
-class Report:
+class DoctorReport:
     versions: dict[str, Optional[str]] = field(default_factory=dict)
     host: dict[str, str] = field(default_factory=dict)
     launcher: dict[str, Any] = field(default_factory=dict)
@@ -104,7 +104,7 @@ def _severity_order(f: Finding) -> int:
 
 # ---- collecting ------------------------------------------------------------------------------------------
 
-def _versions(report: Report) -> None:
+def _versions(report: DoctorReport) -> None:
     from . import __version__
     from ._native import TORCH_VERSION_BUILT_FOR
 
@@ -123,7 +123,7 @@ def _versions(report: Report) -> None:
         report.versions["ray"] = "not installed"
 
 
-def _nccl_version(report: Report) -> Optional[str]:
+def _nccl_version(report: DoctorReport) -> Optional[str]:
     """NCCL as torch bundles it: torch.cuda.nccl.version() asks the library and does not initialise CUDA."""
     try:
         import torch.cuda.nccl as torch_nccl
@@ -136,7 +136,7 @@ def _nccl_version(report: Report) -> Optional[str]:
     return f"{text} (the copy torch uses)"
 
 
-def _launcher(report: Report) -> None:
+def _launcher(report: DoctorReport) -> None:
     seen: dict[str, dict[str, str]] = {}
     for name, variables in LAUNCHER_VARIABLES.items():
         values = {v: os.environ[v] for v in variables if v in os.environ}
@@ -148,7 +148,7 @@ def _launcher(report: Report) -> None:
             report.settings[key] = os.environ[key]
 
 
-def _physical_uuids(report: Report) -> Optional[list[str]]:
+def _physical_uuids(report: DoctorReport) -> Optional[list[str]]:
     """The host's GPUs in driver order with no CUDA_VISIBLE_DEVICES: the driver reads the variable once per
     process, so only a fresh child can show what it hides."""
     from .probes import child_env, run_child
@@ -165,7 +165,7 @@ def _physical_uuids(report: Report) -> Optional[list[str]]:
     return None
 
 
-def _visibility(report: Report) -> None:
+def _visibility(report: DoctorReport) -> None:
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical: Optional[list[str]] = None
     if raw is not None and report.cuda is not None and report.cuda.library_loaded:
@@ -194,7 +194,7 @@ def _visibility(report: Report) -> None:
         report.find("error", "visible_devices_invalid", what, fix)
 
 
-def _devices(report: Report) -> None:
+def _devices(report: DoctorReport) -> None:
     status = cuda_status()
     report.cuda = status
     if status.library_loaded:
@@ -211,7 +211,7 @@ def _devices(report: Report) -> None:
         report.not_checked("devices", status.reason or "the driver reports none")
 
 
-def _torch_vs_driver(report: Report) -> None:
+def _torch_vs_driver(report: DoctorReport) -> None:
     import torch
 
     cuda_build = getattr(torch.version, "cuda", None)
@@ -243,7 +243,7 @@ def _torch_vs_driver(report: Report) -> None:
                     "need PTX JIT compilation fail.", f"Upgrade the driver to one supporting CUDA {cuda_build}.")
 
 
-def _peer_access(report: Report) -> None:
+def _peer_access(report: DoctorReport) -> None:
     n = len(report.devices)
     if n < 2:
         if report.cuda is not None and report.cuda.library_loaded:
@@ -272,7 +272,7 @@ def _peer_access(report: Report) -> None:
                     "`nvidia-smi topo -m` and the fabric manager.")
 
 
-def _p2p(report: Report, timeout: float) -> None:
+def _p2p(report: DoctorReport, timeout: float) -> None:
     from .probes import peer_copy_all_pairs
 
     if len(report.devices) < 2:
@@ -318,9 +318,11 @@ def _p2p(report: Report, timeout: float) -> None:
                     "through host memory).")
 
 
-def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) -> Report:
-    """Collects the report. Never raises for what it cannot check: that goes into ``not_checked``."""
-    report = Report()
+def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) -> DoctorReport:
+    """Collects the report (``gpuguard.doctor``). Never raises for what it cannot check: that goes into
+    ``not_checked``. Calls the CUDA driver (cuInit) through gpuguard, never through torch; the probes that
+    can hang (``p2p``, ``nccl``) run in child processes, each under ``timeout`` seconds."""
+    report = DoctorReport()
     report.host = {"hostname": socket.gethostname(), "os": f"{platform.system()} {platform.release()}",
                    "machine": platform.machine()}
     _versions(report)
@@ -338,7 +340,7 @@ def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) 
     return report
 
 
-def _launcher_findings(report: Report) -> None:
+def _launcher_findings(report: DoctorReport) -> None:
     local = os.environ.get("LOCAL_RANK")
     n = len(report.devices)
     if local is None or not local.isdigit() or not report.cuda or not report.cuda.library_loaded or n == 0:
@@ -350,7 +352,7 @@ def _launcher_findings(report: Report) -> None:
                     f"at most {n} process(es) per node.")
 
 
-def _settings_findings(report: Report) -> None:
+def _settings_findings(report: DoctorReport) -> None:
     if report.settings.get("NCCL_P2P_DISABLE") not in (None, "", "0"):
         report.find("info", "p2p_disabled", "NCCL_P2P_DISABLE is set: NCCL moves intra-node data through host "
                     "memory instead of GPU peer-to-peer, which costs intra-node bandwidth (reported at around "
@@ -364,7 +366,7 @@ def _settings_findings(report: Report) -> None:
 
 # ---- rendering -------------------------------------------------------------------------------------------
 
-def format_report(report: Report) -> str:
+def format_report(report: DoctorReport) -> str:
     lines = ["gpuguard doctor: paste this report as it is into an issue", ""]
     for key, value in report.versions.items():
         lines.append(f"{key}: {value if value is not None else 'not checked'}")

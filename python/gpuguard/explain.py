@@ -217,7 +217,7 @@ _MISMATCH_GOT = re.compile(
 # releases before 2.2 print "WorkNCCL(SeqNum=1, OpType=..., TensorShape=[...], Timeout(ms)=...)".
 _WATCHDOG = re.compile(
     r"(?:Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: WorkNCCL\("
-    r"(?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?P<rest>[^)]*)\)"
+    r"(?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?P<rest>(?:[^()]|\(ms\))*)\)"
     r"(?: ran for (?P<ran>\d+) milliseconds before timing out)?")
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(?P<ms>\d+)")
 # Same file, watchdog loop: logPrefix() + "Timeout at NCCL work: 1, last enqueued NCCL work: 1, last completed
