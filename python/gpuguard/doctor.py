@@ -124,16 +124,23 @@ def _versions(report: DoctorReport) -> None:
 
 
 def _nccl_version(report: DoctorReport) -> Optional[str]:
-    """NCCL as torch bundles it: torch.cuda.nccl.version() asks the library and does not initialise CUDA."""
+    """NCCL through gpuguard's loader (the copy torch already loaded first); torch's own answer otherwise.
+    Neither initialises CUDA: both only ask the library for its version."""
+    from ._native import _C
+
+    status = _C.nccl_status()
+    if status["loaded"]:
+        where = "already loaded in this process" if status["already_in_process"] else "loaded by gpuguard"
+        return f"{status['version_string']} ({status['library']}, {where})"
     try:
         import torch.cuda.nccl as torch_nccl
 
         v = torch_nccl.version()
     except Exception as exc:  # CPU-only torch, or an NCCL that cannot be loaded
-        report.not_checked("NCCL version", f"torch.cuda.nccl.version() failed: {exc}")
+        report.not_checked("NCCL version", f"{status['reason']}; torch.cuda.nccl.version() failed too: {exc}")
         return None
     text = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    return f"{text} (the copy torch uses)"
+    return f"{text} (torch.cuda.nccl.version(); gpuguard could not load it: {status['reason']})"
 
 
 def _launcher(report: DoctorReport) -> None:
@@ -336,8 +343,69 @@ def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) 
     if p2p:
         _p2p(report, timeout)
     if nccl:
-        report.not_checked("NCCL all-reduce (--nccl)", "gpuguard's NCCL loader is not part of this build")
+        _nccl(report, timeout)
     return report
+
+
+P2P_DISABLE_COST = ("NCCL then moves data between this node's GPUs through host memory instead of directly, so "
+                    "intra-node collectives lose bandwidth: users report steps roughly 7-10 % slower, more for "
+                    "communication-bound jobs. Measure your own step time with and without it.")
+
+
+def _nccl(report: DoctorReport, timeout: float) -> None:
+    from ._native import _C
+    from .explain import explain
+    from .probes import nccl_all_reduce
+
+    n = len(report.devices)
+    if n < 2:
+        report.not_checked("NCCL all-reduce (--nccl)", f"{n} GPU visible: an all-reduce across GPUs needs two")
+        return
+    status = _C.nccl_status()
+    if not status["loaded"]:
+        report.not_checked("NCCL all-reduce (--nccl)", f"NCCL could not be loaded: {status['reason']}")
+        return
+    first = nccl_all_reduce(n, timeout, p2p_disabled=False)
+    runs = [first]
+    if first.verdict == "timed out":
+        runs.append(nccl_all_reduce(n, timeout, p2p_disabled=True))
+    report.nccl = {"runs": [r.as_dict() for r in runs],
+                   "summary": {f"all-reduce over {n} GPUs, P2P {'disabled' if r.p2p_disabled else 'enabled'}":
+                               f"{r.verdict} in {r.seconds:.1f} s" + (f": {r.problem}" if r.problem else "")
+                               for r in runs}}
+    user_disabled = report.settings.get("NCCL_P2P_DISABLE") not in (None, "", "0")
+    if first.verdict == "ok":
+        report.find("info", "nccl_ok", f"An NCCL all-reduce across {n} GPUs completed with P2P enabled "
+                    f"({first.seconds:.1f} s including process start).")
+        if user_disabled:
+            report.find("warning", "p2p_disable_unneeded", "NCCL_P2P_DISABLE is set, but NCCL works here with P2P "
+                        "enabled: the setting costs bandwidth for nothing. " + P2P_DISABLE_COST,
+                        "unset NCCL_P2P_DISABLE")
+        return
+    if first.verdict == "failed":
+        text = "\n".join(str((x.get("error") or {}).get("message", "")) + "\n" + str(x.get("last_error") or "")
+                          for x in first.ranks)
+        decoded = explain(text, match_local=False)
+        msg = f"An NCCL all-reduce across {n} GPUs failed: {first.problem}."
+        if decoded:
+            msg += " gpuguard explain: " + " ".join(d.summary for d in decoded)
+        report.find("error", "nccl_failed", msg, decoded[0].fix if decoded else
+                    "Rerun with NCCL_DEBUG=INFO and read the first WARN line; `gpuguard explain` decodes it.")
+        return
+    second = runs[1]
+    if second.verdict == "ok":
+        report.find("error", "nccl_hangs_with_p2p", f"An NCCL all-reduce across {n} GPUs hangs with GPU "
+                    f"peer-to-peer enabled ({first.problem}) and completes "
+                    "with NCCL_P2P_DISABLE=1: peer-to-peer is broken on this machine, and disabling it is the "
+                    "cure.", "export NCCL_P2P_DISABLE=1 for jobs on this machine. What it costs: "
+                    + P2P_DISABLE_COST + " The lasting fix is the machine's: disable PCIe ACS / set the IOMMU to "
+                    "passthrough, then rerun `gpuguard doctor --nccl` without the setting.")
+    else:
+        report.find("error", "nccl_hangs", f"An NCCL all-reduce across {n} GPUs does not complete with P2P enabled "
+                    f"({first.problem}) nor with NCCL_P2P_DISABLE=1 ({second.verdict}: {second.problem}): "
+                    "disabling P2P is not the cure here, so gpuguard does not recommend it.",
+                    "Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P,SHM to see the transport NCCL "
+                    "chooses; in containers check the size of /dev/shm (docker --shm-size).")
 
 
 def _launcher_findings(report: DoctorReport) -> None:

@@ -164,3 +164,73 @@ def peer_copy_all_pairs(timeout: float, nbytes: int = 8 << 20) -> PeerCopyReport
     if not run.timed_out and run.returncode != 0:
         failed = f"the probe process exited with status {run.returncode}: {run.stderr_tail.strip()[-500:]}"
     return PeerCopyReport(pairs, hung, run.timed_out, failed, run.seconds)
+
+
+@dataclass
+class AllReduceReport:
+    """One all-reduce across the local GPUs: per rank, how it ended."""
+
+    p2p_disabled: bool
+    verdict: str                      # ok | failed | timed out
+    ranks: list[dict[str, Any]]       # the child's result (nccl_probe's dict), or what is known of a killed one
+    seconds: float
+    problem: str = ""                 # one sentence when not ok
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"p2p_disabled": self.p2p_disabled, "verdict": self.verdict, "ranks": self.ranks,
+                "seconds": round(self.seconds, 3), "problem": self.problem}
+
+
+# Starting a child (python, torch, gpuguard) before its own deadline starts counting.
+STARTUP_ALLOWANCE_S = 60.0
+
+
+def nccl_all_reduce(nranks: int, timeout: float, *, p2p_disabled: bool) -> AllReduceReport:
+    """Forms an NCCL communicator over GPUs 0..nranks-1, one child process per GPU as a job would, and runs a
+    small all-reduce, each rank under `timeout` s (NCCL's non-blocking init, aborted when late), the whole
+    under `timeout` plus a start-up allowance, after which every child is killed."""
+    start = time.monotonic()
+    env = child_env(NCCL_P2P_DISABLE="1" if p2p_disabled else None)
+    # ranks started with one run's unique id; the per-probe deadline covers init and the all-reduce
+    children = [Child(probe_command("nccl", "--rank", str(r), "--nranks", str(nranks), "--device", str(r),
+                                    "--timeout", f"{timeout:g}"), env, stdin=r > 0) for r in range(nranks)]
+    deadline = start + timeout + STARTUP_ALLOWANCE_S
+    try:
+        first = children[0].wait_for_event("unique_id", deadline)
+        if first is None:
+            errors = children[0].events_of("error")
+            why = errors[0]["message"] if errors else (children[0].run.stderr_tail.strip()[-300:] or "no output")
+            return AllReduceReport(p2p_disabled, "failed", [], time.monotonic() - start,
+                                   f"rank 0 could not create an NCCL unique id: {why}")
+        for child in children[1:]:
+            child.send(str(first["hex"]))
+        runs = [child.wait(deadline) for child in children]
+    finally:
+        for child in children:
+            if child.proc.poll() is None:
+                child.kill()
+    ranks: list[dict[str, Any]] = []
+    for r, (child, run) in enumerate(zip(children, runs)):
+        results = child.events_of("result")
+        if results:
+            ranks.append(results[0])
+        else:
+            state = "killed at the deadline" if run.timed_out else f"exited with status {run.returncode}"
+            ranks.append({"rank": r, "device": r, "verdict": "timed out" if run.timed_out else "failed", "ok": False,
+                          "stage": "process", "error": {"message": f"the rank's process {state}: "
+                                                                   f"{run.stderr_tail.strip()[-300:]}"}})
+    verdicts = [str(x.get("verdict")) for x in ranks]
+    if all(x.get("ok") for x in ranks):
+        return AllReduceReport(p2p_disabled, "ok", ranks, time.monotonic() - start)
+    verdict = "timed out" if "timed out" in verdicts else "failed"
+    bad = [x for x in ranks if not x.get("ok")]
+    first_bad = bad[0]
+    stage = first_bad.get("stage") or "an unknown stage"
+    if verdict == "timed out":
+        problem = (f"{len(bad)} of {nranks} ranks did not finish within {timeout:g} s "
+                   f"(rank {first_bad.get('rank')} was at {stage})")
+    else:
+        message = (first_bad.get("error") or {}).get("message", "")
+        problem = (f"{len(bad)} of {nranks} ranks failed (rank {first_bad.get('rank')} at {stage}"
+                   + (f": {message}" if message else "") + ")")
+    return AllReduceReport(p2p_disabled, verdict, ranks, time.monotonic() - start, problem)
