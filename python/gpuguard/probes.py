@@ -20,6 +20,8 @@ from typing import IO, Any, Optional, Sequence
 # What is kept of a child's output, whatever it prints.
 MAX_EVENTS = 10_000
 STDERR_TAIL = 4096
+# Starting a child (python, torch, gpuguard, the driver) before its probe's own deadline starts counting.
+STARTUP_ALLOWANCE_S = 60.0
 
 
 @dataclass
@@ -73,8 +75,11 @@ class Child:
 
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError:  # it already exited; its events and status say why
+            pass
 
     def events_of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in list(self.run.events) if e.get("event") == kind]
@@ -101,9 +106,18 @@ class Child:
             self.run.timed_out = True
         for t in self._threads:
             t.join(timeout=2.0)
+        self._close_pipes()
         self.run.returncode = self.proc.returncode
         self.run.seconds = time.monotonic() - self._start
         return self.run
+
+    def _close_pipes(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:  # a reader thread still holding it after the kill
+                    pass
 
     def kill(self) -> None:
         try:
@@ -153,8 +167,20 @@ class PeerCopyReport:
 
 
 def peer_copy_all_pairs(timeout: float, nbytes: int = 8 << 20) -> PeerCopyReport:
-    """Copies between every ordered pair of visible GPUs in one child process, verified, under `timeout` s."""
-    run = run_child(probe_command("p2p", "--bytes", str(nbytes)), child_env(), timeout)
+    """Copies between every ordered pair of visible GPUs in one child process, verified; the copies get
+    `timeout` s from the moment the child has started (python, torch and the driver loaded)."""
+    start = time.monotonic()
+    child = Child(probe_command("p2p", "--bytes", str(nbytes)), child_env())
+    ready = child.wait_for_event("devices", start + STARTUP_ALLOWANCE_S)
+    if ready is None:
+        run = child.wait(time.monotonic())  # kills it if it is still starting
+        errors = [e for e in run.events if e.get("event") == "error"]
+        why = (errors[0].get("message") if errors else
+               f"it did not start within {STARTUP_ALLOWANCE_S:g} s" if run.timed_out else
+               f"it exited with status {run.returncode}: {run.stderr_tail.strip()[-500:]}")
+        return PeerCopyReport([], None, False, f"the probe process failed before copying: {why}",
+                              time.monotonic() - start)
+    run = child.wait(time.monotonic() + timeout)
     pairs = [e for e in run.events if e.get("event") == "result"]
     started = [e for e in run.events if e.get("event") == "start"]
     hung: Optional[tuple[int, int]] = None
@@ -163,7 +189,7 @@ def peer_copy_all_pairs(timeout: float, nbytes: int = 8 << 20) -> PeerCopyReport
     failed = None
     if not run.timed_out and run.returncode != 0:
         failed = f"the probe process exited with status {run.returncode}: {run.stderr_tail.strip()[-500:]}"
-    return PeerCopyReport(pairs, hung, run.timed_out, failed, run.seconds)
+    return PeerCopyReport(pairs, hung, run.timed_out, failed, time.monotonic() - start)
 
 
 @dataclass
@@ -179,10 +205,6 @@ class AllReduceReport:
     def as_dict(self) -> dict[str, Any]:
         return {"p2p_disabled": self.p2p_disabled, "verdict": self.verdict, "ranks": self.ranks,
                 "seconds": round(self.seconds, 3), "problem": self.problem}
-
-
-# Starting a child (python, torch, gpuguard) before its own deadline starts counting.
-STARTUP_ALLOWANCE_S = 60.0
 
 
 def nccl_all_reduce(nranks: int, timeout: float, *, p2p_disabled: bool) -> AllReduceReport:
@@ -207,8 +229,8 @@ def nccl_all_reduce(nranks: int, timeout: float, *, p2p_disabled: bool) -> AllRe
         runs = [child.wait(deadline) for child in children]
     finally:
         for child in children:
-            if child.proc.poll() is None:
-                child.kill()
+            if child.proc.poll() is None or child.run.returncode is None:
+                child.wait(time.monotonic())  # kills what still runs, closes its pipes
     ranks: list[dict[str, Any]] = []
     for r, (child, run) in enumerate(zip(children, runs)):
         results = child.events_of("result")
