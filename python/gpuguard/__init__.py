@@ -7,6 +7,7 @@ initialisation, and a library that did so at import would freeze the wrong visib
 from __future__ import annotations
 
 from ._native import TORCH_VERSION_BUILT_FOR
+from .binding import Binding, bind, init_process_group
 from .devices import CudaStatus, Device, cuda_status, devices
 from .doctor import DoctorReport, Finding
 from .doctor import run_doctor as doctor
@@ -15,15 +16,18 @@ from .errors import (
     DeviceMismatchError,
     DuplicateDeviceError,
     GpuGuardError,
+    GpuGuardWarning,
     LaunchEnvironmentError,
     RankMappingError,
     RendezvousTimeoutError,
 )
 from .explain import Diagnosis, Evidence, explain, explain_file
+from .launchers import LaunchContext, detect as detect_launcher
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Binding",
     "CudaStateError",
     "CudaStatus",
     "Device",
@@ -34,14 +38,19 @@ __all__ = [
     "Evidence",
     "Finding",
     "GpuGuardError",
+    "GpuGuardWarning",
+    "LaunchContext",
     "LaunchEnvironmentError",
     "RankMappingError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
     "__version__",
+    "bind",
     "cuda_status",
+    "detect_launcher",
     "devices",
     "doctor",
     "explain",
     "explain_file",
+    "init_process_group",
 ]
