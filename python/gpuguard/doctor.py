@@ -17,23 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .devices import CudaStatus, Device, cuda_status, devices
-from .visible_devices import VisibleDevices, parse_visible_devices
+from .errors import LaunchEnvironmentError, RankMappingError
+from .visibility import VisibilityProblem, VisibleDevices, parse_visible_devices, rejected_entry
 
 SCHEMA = "gpuguard.doctor/1"
 SEVERITIES = ("error", "warning", "info")
 
-# Environment variables of the launchers gpuguard knows (DESIGN.md, "Launchers whose environment bind() reads").
-LAUNCHER_VARIABLES = {
-    "torchrun": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"),
-    "SLURM": ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID", "SLURM_JOB_ID"),
-    "Open MPI": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE",
-                 "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    "MPICH/Intel MPI": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    "MVAPICH2": ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE"),
-    "PMIx": ("PMIX_RANK",),
-    "LSF jsrun": ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE"),
-    "Ray": ("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "RAY_ADDRESS"),
-}
 # Settings that change how NCCL and CUDA place or move data; printed when set.
 SETTINGS = ("CUDA_DEVICE_ORDER", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE",
             "NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "HIP_VISIBLE_DEVICES",
@@ -61,7 +50,9 @@ class DoctorReport:
     settings: dict[str, str] = field(default_factory=dict)
     cuda: Optional[CudaStatus] = None
     visible: Optional[VisibleDevices] = None
+    visible_problem: Optional[VisibilityProblem] = None
     devices: list[Device] = field(default_factory=list)
+    binding: Optional[dict[str, Any]] = None
     peer_access: Optional[list[list[Optional[bool]]]] = None
     p2p: Optional[dict[str, Any]] = None
     nccl: Optional[dict[str, Any]] = None
@@ -87,8 +78,9 @@ class DoctorReport:
             "launcher": self.launcher,
             "settings": self.settings,
             "cuda": self.cuda.as_dict() if self.cuda else None,
-            "cuda_visible_devices": self.visible.as_dict() if self.visible else None,
+            "cuda_visible_devices": _visibility_dict(self.visible, self.visible_problem),
             "devices": [d.as_dict() for d in self.devices],
+            "binding": self.binding,
             "peer_access": self.peer_access,
             "p2p": self.p2p,
             "nccl": self.nccl,
@@ -100,6 +92,28 @@ class DoctorReport:
 
 def _severity_order(f: Finding) -> int:
     return SEVERITIES.index(f.severity)
+
+
+def _ignored_entries(v: VisibleDevices, problem: Optional[VisibilityProblem]) -> list[str]:
+    if v.raw is None or problem is None:
+        return []
+    return [e.strip() for e in v.raw.split(",")[problem.position + 1:]]
+
+
+def _visibility_dict(v: Optional[VisibleDevices], problem: Optional[VisibilityProblem]) -> Optional[dict[str, Any]]:
+    if v is None:
+        return None
+    return {
+        "raw": v.raw,
+        "set": v.set,
+        "honoured": [{"kind": e.kind, "text": e.text, "index": e.index, "uuid": e.uuid}
+                     for e in (v.entries[:problem.position] if problem else v.entries)],
+        "problem": None if problem is None else {"kind": problem.kind, "position": problem.position,
+                                                 "entry": problem.entry, "same_as": problem.same_as,
+                                                 "reason": problem.reason},
+        "ignored": _ignored_entries(v, problem),
+        "hides_all_on_purpose": v.hides_all_on_purpose,
+    }
 
 
 # ---- collecting ------------------------------------------------------------------------------------------
@@ -143,62 +157,67 @@ def _nccl_version(report: DoctorReport) -> Optional[str]:
     return f"{text} (torch.cuda.nccl.version(); gpuguard could not load it: {status['reason']})"
 
 
-def _launcher(report: DoctorReport) -> None:
-    seen: dict[str, dict[str, str]] = {}
-    for name, variables in LAUNCHER_VARIABLES.items():
-        values = {v: os.environ[v] for v in variables if v in os.environ}
-        if values:
-            seen[name] = values
-    report.launcher = {"detected": list(seen), "variables": seen}
+def _launcher(report: DoctorReport) -> Any:
+    """The launch context as bind() reads it (gpuguard.detect_launcher); contradicting variables are an error."""
+    from .launchers import detect
+
     for key in SETTINGS:
         if key in os.environ:
             report.settings[key] = os.environ[key]
-
-
-def _physical_uuids(report: DoctorReport) -> Optional[list[str]]:
-    """The host's GPUs in driver order with no CUDA_VISIBLE_DEVICES: the driver reads the variable once per
-    process, so only a fresh child can show what it hides."""
-    from .probes import child_env, run_child
-
-    code = ("import json, gpuguard\n"
-            "print(json.dumps({'event': 'devices', 'uuids': [d.uuid for d in gpuguard.devices()]}))\n")
-    run = run_child([sys.executable, "-c", code], child_env(CUDA_VISIBLE_DEVICES=None), timeout=60.0)
-    for event in run.events:
-        if event.get("event") == "devices":
-            return [str(u) for u in event["uuids"]]
-    report.not_checked("CUDA_VISIBLE_DEVICES entries against the host's GPUs",
-                       "listing the GPUs without CUDA_VISIBLE_DEVICES in a child process failed"
-                       + (" (timed out)" if run.timed_out else f": {run.stderr_tail.strip()[-300:]}"))
-    return None
+    try:
+        context = detect()
+    except LaunchEnvironmentError as exc:
+        report.launcher = {"error": str(exc)}
+        report.find("error", "launcher_environment", str(exc),
+                    "Correct or unset the variables it names; bind() refuses to start from them as they are.")
+        return None
+    report.launcher = context.as_dict()
+    return context
 
 
 def _visibility(report: DoctorReport) -> None:
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
-    physical: Optional[list[str]] = None
-    if raw is not None and report.cuda is not None and report.cuda.library_loaded:
-        physical = _physical_uuids(report)
-    report.visible = parse_visible_devices(raw, physical)
-    v = report.visible
-    if raw is None:
+    """CUDA_VISIBLE_DEVICES parsed as the driver reads it; an entry the driver drops is named, as bind() does."""
+    v = parse_visible_devices()
+    report.visible = v
+    problem = v.problem
+    if problem is None and v.set and report.cuda is not None and report.cuda.library_loaded:
+        problem = rejected_entry(v.raw, [d.uuid for d in report.devices])
+    report.visible_problem = problem
+    if v.hides_all_on_purpose:
+        report.find("info", "visible_devices_hide_all", f"{v.describe()} hides every GPU from this process.",
+                    "Unset it (or list the GPUs) if this process should use a GPU.")
         return
-    bad = [e for e in v.entries if e.status not in ("visible", "unchecked", "ignored")]
-    if not bad:
+    if problem is None:
         return
-    first = bad[0]
-    dropped = [e.text for e in v.ignored]
-    visible_count = sum(1 for e in v.entries if e.status == "visible")
-    what = (f"CUDA_VISIBLE_DEVICES={raw!r}: entry {first.position + 1} ({first.text!r}) is {first.status.replace('_', ' ')}"
-            f" ({first.reason}); the driver stops there")
-    if dropped:
-        what += f", so the entries after it ({', '.join(repr(d) for d in dropped)}) are silently ignored"
-    what += f" and this process sees {visible_count} GPU(s)."
-    fix = ("List each GPU once, by index (0..N-1 of the host, see `nvidia-smi -L`) or by UUID; an unset "
-           "CUDA_VISIBLE_DEVICES shows every GPU.")
-    if visible_count == 0:
-        report.find("warning", "visible_devices_hide_all", what + " If hiding every GPU is intended, this is fine.",
-                    fix)
-    else:
-        report.find("error", "visible_devices_invalid", what, fix)
+    from .resolve import check_visibility
+
+    try:
+        check_visibility(v, report.devices, report.cuda is not None and report.cuda.library_loaded)
+        message = f"{v.describe()}: {problem.reason}."
+    except LaunchEnvironmentError as exc:
+        message = str(exc)
+    fix_at = message.find("List each GPU once")
+    what, fix = (message[:fix_at].rstrip(), message[fix_at:]) if fix_at > 0 else (message, "")
+    report.find("error", "visible_devices_invalid", what, fix)
+
+
+def _binding(report: DoctorReport, context: Any) -> None:
+    """The GPU bind() would give this process, or the RankMappingError it would raise."""
+    from .resolve import resolve_device
+
+    if context is None or report.visible is None or report.visible_problem is not None:
+        return
+    try:
+        res = resolve_device(context, report.devices, report.visible, host=socket.gethostname())
+    except RankMappingError as exc:
+        report.binding = {"device": None, "error": str(exc)}
+        report.find("error", "rank_mapping", str(exc), "gpuguard.bind() applies the same rules and raises the "
+                    "same error; fix the cause it names.")
+        return
+    d = res.device
+    report.binding = {"device": None if d is None else d.index, "uuid": None if d is None else d.uuid,
+                      "local_rank": res.local_rank, "local_rank_source": res.local_rank_source,
+                      "chosen_by": res.chosen_by}
 
 
 def _devices(report: DoctorReport) -> None:
@@ -333,11 +352,11 @@ def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) 
     report.host = {"hostname": socket.gethostname(), "os": f"{platform.system()} {platform.release()}",
                    "machine": platform.machine()}
     _versions(report)
-    _launcher(report)
+    context = _launcher(report)
     _devices(report)
     _visibility(report)
+    _binding(report, context)
     _torch_vs_driver(report)
-    _launcher_findings(report)
     _settings_findings(report)
     _peer_access(report)
     if p2p:
@@ -408,18 +427,6 @@ def _nccl(report: DoctorReport, timeout: float) -> None:
                     "chooses; in containers check the size of /dev/shm (docker --shm-size).")
 
 
-def _launcher_findings(report: DoctorReport) -> None:
-    local = os.environ.get("LOCAL_RANK")
-    n = len(report.devices)
-    if local is None or not local.isdigit() or not report.cuda or not report.cuda.library_loaded or n == 0:
-        return
-    if int(local) >= n:
-        report.find("warning", "local_rank_beyond_devices", f"LOCAL_RANK={local}, but this process sees {n} GPU(s): "
-                    f"torch.cuda.set_device(local_rank) would fail with 'invalid device ordinal'.",
-                    "If the launcher gives each process its own CUDA_VISIBLE_DEVICES, use cuda:0; otherwise start "
-                    f"at most {n} process(es) per node.")
-
-
 def _settings_findings(report: DoctorReport) -> None:
     if report.settings.get("NCCL_P2P_DISABLE") not in (None, "", "0"):
         report.find("info", "p2p_disabled", "NCCL_P2P_DISABLE is set: NCCL moves intra-node data through host "
@@ -439,29 +446,45 @@ def format_report(report: DoctorReport) -> str:
     for key, value in report.versions.items():
         lines.append(f"{key}: {value if value is not None else 'not checked'}")
     lines.append(f"host: {report.host.get('hostname')} ({report.host.get('os')}, {report.host.get('machine')})")
-    detected = report.launcher.get("detected") or []
-    if detected:
-        for name in detected:
-            values = report.launcher["variables"][name]
-            lines.append(f"launcher {name}: " + " ".join(f"{k}={v}" for k, v in values.items()))
-    else:
-        lines.append("launcher: none seen (no launcher environment variables set)")
+    launcher = report.launcher
+    if "error" in launcher:
+        lines.append("launcher: the variables contradict each other (see the error below)")
+    elif launcher.get("launcher") == "single":
+        lines.append("launcher: none seen (a single process: rank 0 of 1)")
+    elif launcher:
+        by_source: dict[str, list[str]] = {}
+        for name, source in launcher["sources"].items():
+            by_source.setdefault(source, []).append(name)
+        where = "; ".join(f"{', '.join(names)} from {source}" for source, names in by_source.items())
+        node = f", node rank {launcher['node_rank']}" if launcher["node_rank"] is not None else ""
+        lines.append(f"launcher: {launcher['description']}: rank {launcher['rank']} of {launcher['world_size']}, "
+                     f"local rank {launcher['local_rank']}{node}" + (f" ({where})" if where else ""))
     for key, value in report.settings.items():
         lines.append(f"{key}={value}")
     v = report.visible
-    if v is None or v.raw is None:
+    if v is None or not v.set:
         lines.append("CUDA_VISIBLE_DEVICES: unset (every GPU is visible)")
     else:
-        lines.append(f"CUDA_VISIBLE_DEVICES: {v.raw!r}")
-        for e in v.entries:
-            lines.append(f"CUDA_VISIBLE_DEVICES entry {e.position + 1} {e.text!r}: {e.status.replace('_', ' ')}"
-                         + (f" ({e.reason})" if e.reason else ""))
+        problem = report.visible_problem
+        lines.append(f"CUDA_VISIBLE_DEVICES: {v.raw!r}" + (" (hides every GPU)" if v.hides_all_on_purpose else ""))
+        honoured = v.entries[:problem.position] if problem else v.entries
+        for i, e in enumerate(honoured):
+            lines.append(f"CUDA_VISIBLE_DEVICES entry {i + 1} {e.text!r}: {e.kind.replace('_', ' ')}, cuda:{i}")
+        if problem is not None:
+            lines.append(f"CUDA_VISIBLE_DEVICES entry {problem.position + 1} {problem.entry!r}: {problem.kind} "
+                         f"({problem.reason})")
+            for j, text in enumerate(_ignored_entries(v, problem)):
+                lines.append(f"CUDA_VISIBLE_DEVICES entry {problem.position + 2 + j} {text!r}: ignored (the "
+                             f"driver stopped at entry {problem.position + 1})")
     if report.cuda is not None and report.cuda.library_loaded:
         lines.append(f"devices visible: {len(report.devices)}"
                      + (f" ({report.cuda.reason})" if report.cuda.reason and not report.devices else ""))
     for d in report.devices:
         cc = f"{d.compute_capability[0]}.{d.compute_capability[1]}"
         lines.append(f"GPU {d.index}: {d.name}, {d.uuid}, {d.pci_bus_id}, {d.total_memory_gib:.1f} GiB, cc {cc}")
+    if report.binding is not None and report.binding.get("device") is not None:
+        b = report.binding
+        lines.append(f"bind() would use: cuda:{b['device']} ({b['uuid']}), chosen by {b['chosen_by']}")
     if report.peer_access is not None:
         n = len(report.peer_access)
         lines.append("peer access (cuDeviceCanAccessPeer; row = from, column = to): "

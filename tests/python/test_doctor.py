@@ -14,7 +14,6 @@ import pytest
 from conftest import no_driver_env, run_cli
 
 from gpuguard.devices import Device
-from gpuguard.visible_devices import parse_visible_devices
 
 UUIDS = ["GPU-5a6b7c00-0000-4000-8000-1f2e3d4c5b60", "GPU-5a6b8d11-0001-4001-8001-1f2e3d4c5b61",
          "GPU-5a6b9e22-0002-4002-8002-1f2e3d4c5b62", "GPU-5a6baf33-0003-4003-8003-1f2e3d4c5b63"]
@@ -41,44 +40,6 @@ def codes(doc: dict) -> dict[str, dict]:
     return {f["code"]: f for f in doc["findings"]}
 
 
-# ---- CUDA_VISIBLE_DEVICES, as the driver reads it -------------------------------------------------------------
-
-def test_visibility_stops_at_the_first_bad_entry_and_names_it():
-    v = parse_visible_devices("1,99,2", UUIDS)
-    assert [(e.text, e.status, e.visible_index) for e in v.entries] == [
-        ("1", "visible", 0), ("99", "out_of_range", None), ("2", "ignored", None)]
-    assert v.entries[1].reason == "there is no GPU 99: the host has 4"
-    assert v.entries[2].reason == "the driver stopped at entry 2"
-    assert v.stopped_at == 1
-    assert v.as_dict()["invalid"] == ["99"] and v.as_dict()["ignored"] == ["2"]
-
-
-def test_visibility_duplicates_uuids_and_prefixes():
-    v = parse_visible_devices(f"2,{UUIDS[3][4:14]},GPU-5a6b9e22,0", UUIDS)
-    assert [(e.status, e.physical_index) for e in v.entries] == [
-        ("visible", 2), ("visible", 3), ("duplicate", 2), ("ignored", None)]
-    assert v.entries[2].reason == "repeats entry 1 ('2')"
-    assert v.as_dict()["duplicates"] == ["GPU-5a6b9e22"]
-
-    v = parse_visible_devices("GPU-5a6b,GPU-ffff", UUIDS)
-    assert v.entries[0].status == "ambiguous"
-    assert v.entries[0].reason == "matches 4 GPUs (0, 1, 2, 3): give more of the UUID"
-    assert parse_visible_devices("GPU-ffff", UUIDS).entries[0].status == "unknown"
-
-
-@pytest.mark.parametrize("raw,status", [("-1", "malformed"), ("", "empty"), ("cuda:0", "malformed"),
-                                        ("0,,1", "visible")])
-def test_visibility_idioms(raw, status):
-    assert parse_visible_devices(raw, UUIDS).entries[0].status == status
-
-
-def test_visibility_without_the_host_list_judges_only_the_text():
-    v = parse_visible_devices("0,0,MIG-GPU-5a6b7c00/1/0", None)
-    assert [e.status for e in v.entries] == ["unchecked", "duplicate", "ignored"]
-    v = parse_visible_devices("MIG-5a6b7c00-0000-4000-8000-1f2e3d4c5b60", UUIDS)
-    assert v.entries[0].status == "unchecked" and "MIG" in v.entries[0].reason
-
-
 # ---- the report -----------------------------------------------------------------------------------------------
 
 def test_doctor_without_a_driver_says_what_it_could_not_check(tmp_path):
@@ -86,7 +47,7 @@ def test_doctor_without_a_driver_says_what_it_could_not_check(tmp_path):
     assert code == 0  # a CPU machine is not an error
     assert doc["schema"] == "gpuguard.doctor/1"
     assert list(doc) == ["schema", "versions", "host", "launcher", "settings", "cuda", "cuda_visible_devices",
-                         "devices", "peer_access", "p2p", "nccl", "not_checked", "findings", "exit_code"]
+                         "devices", "binding", "peer_access", "p2p", "nccl", "not_checked", "findings", "exit_code"]
     assert list(doc["versions"])[:5] == ["gpuguard", "gpuguard built for torch", "python", "torch",
                                          "torch CUDA build"]
     assert doc["devices"] == [] and doc["peer_access"] is None and doc["p2p"] is None and doc["exit_code"] == 0
@@ -105,24 +66,37 @@ def test_doctor_text_report_names_bad_visibility_entries_and_exits_1(fake_gpus):
     lines = proc.stdout.splitlines()
     assert lines[0] == "gpuguard doctor: paste this report as it is into an issue"
     assert lines[2].startswith("gpuguard: ") and lines[4].startswith("python: ")
-    assert "launcher torchrun: RANK=9 LOCAL_RANK=1 WORLD_SIZE=16" in lines
+    assert ("launcher: environment variables (RANK, LOCAL_RANK, WORLD_SIZE): rank 9 of 16, local rank 1 (rank from "
+            "RANK; world_size from WORLD_SIZE; local_rank from LOCAL_RANK)") in lines
     assert "NCCL_DEBUG=WARN" in lines
     assert "CUDA_VISIBLE_DEVICES: '3,99,5'" in lines
-    assert "CUDA_VISIBLE_DEVICES entry 1 '3': visible (GPU 3 of the host becomes cuda:0)" in lines
-    assert "CUDA_VISIBLE_DEVICES entry 2 '99': out of range (there is no GPU 99: the host has 8)" in lines
+    assert "CUDA_VISIBLE_DEVICES entry 1 '3': index, cuda:0" in lines
+    assert any(line.startswith("CUDA_VISIBLE_DEVICES entry 2 '99': rejected (entry 2 ('99') was rejected by the "
+                               "driver: this host has no GPU 99") for line in lines)
     assert "CUDA_VISIBLE_DEVICES entry 3 '5': ignored (the driver stopped at entry 2)" in lines
     assert "devices visible: 1" in lines
     gpu3 = fake_gpus.topology("h100x8")["gpus"][3]
     assert f"GPU 0: NVIDIA H100 80GB HBM3, {gpu3['uuid']}, {gpu3['pci_bus_id']}, 79.6 GiB, cc 9.0" in lines
     assert "not checked: peer access: 1 GPU visible: peer access needs two" in lines
-    assert ("error: CUDA_VISIBLE_DEVICES='3,99,5': entry 2 ('99') is out of range (there is no GPU 99: the host "
-            "has 8); the driver stops there, so the entries after it ('5') are silently ignored and this process "
-            "sees 1 GPU(s).") in lines
-    assert ("warning: LOCAL_RANK=1, but this process sees 1 GPU(s): torch.cuda.set_device(local_rank) would fail "
-            "with 'invalid device ordinal'.") in lines
+    error = next(line for line in lines if line.startswith("error: "))
+    assert error.startswith("error: CUDA_VISIBLE_DEVICES='3,99,5': entry 2 ('99') was rejected by the driver")
+    assert "so the driver shows only the 1 GPU before it (3)." in error
+    assert lines[lines.index(error) + 1].startswith("  fix: List each GPU once, by index or UUID")
     # findings come last, errors first
-    first_finding = next(i for i, line in enumerate(lines) if line.startswith(("error:", "warning:", "info:")))
+    first_finding = lines.index(error)
     assert all(not line.startswith(("GPU ", "CUDA_VISIBLE", "not checked")) for line in lines[first_finding:])
+
+
+def test_doctor_json_names_the_device_bind_would_use_or_the_rank_mapping_error(fake_gpus):
+    code, doc = doctor_json([], fake_gpus.env(LOCAL_RANK="9", RANK="9", WORLD_SIZE="16"))
+    assert code == 1 and doc["binding"]["device"] is None
+    mapping = codes(doc)["rank_mapping"]
+    assert mapping["message"].startswith("Rank 9 of 16 (environment variables (RANK, LOCAL_RANK, WORLD_SIZE)) "
+                                         "cannot be bound to a GPU: its local rank is 9 (LOCAL_RANK), but this host")
+    assert "Likely cause: the global rank is used as the local rank" in mapping["message"]
+    assert doc["launcher"]["local_rank"] == 9 and doc["launcher"]["sources"]["local_rank"] == "LOCAL_RANK"
+    assert doc["cuda_visible_devices"] == {"raw": None, "set": False, "honoured": [], "problem": None, "ignored": [],
+                                           "hides_all_on_purpose": False}
 
 
 def test_broken_peer_access_dropped_writes_and_nccl_cured_by_disabling_p2p(fake_gpus, tmp_path):
@@ -157,6 +131,8 @@ def test_healthy_machine_verifies_copies_and_calls_a_set_p2p_disable_unneeded(fa
     topology = two_gpu_topology(fake_gpus, tmp_path, "h100x4")
     code, doc = doctor_json(["--p2p", "--nccl", "--timeout", "20"], fake_gpus.env(topology, NCCL_P2P_DISABLE="1"))
     assert code == 0, doc["findings"]
+    assert doc["launcher"]["launcher"] == "single"
+    assert (doc["binding"]["device"], doc["binding"]["local_rank"]) == (0, 0)
     found = codes(doc)
     assert found["peer_copies_verified"]["message"] == ("Peer copies verified byte for byte on all 2 ordered GPU "
                                                         "pairs (2 over the direct peer path, 0 staged through host "
