@@ -5,6 +5,9 @@
 
 #include "device_check.h"
 #include "gpuguard/cuda_driver.h"
+#include "gpuguard/identity.h"
+#include "gpuguard/nccl.h"
+#include "gpuguard/p2p_probe.h"
 #include "gpuguard/visible_devices.h"
 #include "gpuguard/tensor_devices.h"
 
@@ -170,8 +173,104 @@ void bind_tensor_devices(py::module_& m) {
 
 // ---- NCCL (issue: duplicate-device detection, verify_nccl) ------------------------------------------------
 
+void bind_nccl(py::module_& m) {
+  m.def("nccl_status", [] {
+    gpuguard::NcclStatus st;
+    {
+      py::gil_scoped_release nogil;
+      st = gpuguard::Nccl::instance().status();
+    }
+    py::dict out;
+    out["loaded"] = st.loaded;
+    out["already_in_process"] = st.already_in_process;
+    out["library"] = st.library;
+    out["version"] = st.version;
+    out["version_string"] = st.version_string;
+    out["reason"] = st.reason;
+    return out;
+  }, "Loads NCCL (the copy already in the process first; $GPUGUARD_LIBNCCL overrides) and says what it is.");
+
+  m.def("nccl_library_candidates", &gpuguard::Nccl::library_candidates);
+
+  m.def("nccl_unique_id", []() -> py::bytes {
+    gpuguard::Result<gpuguard::NcclUniqueId> id = gpuguard::Error{};
+    {
+      py::gil_scoped_release nogil;
+      id = gpuguard::Nccl::instance().unique_id();
+    }
+    if (!id) throw std::runtime_error(id.error().message());
+    return py::bytes(id.value().data(), id.value().size());
+  }, "ncclGetUniqueId: 128 bytes for rank 0 to publish to the others.");
+
+  m.def("nccl_probe", [](int nranks, int rank, py::bytes unique_id, int device, double timeout_s, bool all_reduce) {
+    std::string id = unique_id;
+    if (id.size() != gpuguard::nccl::kUniqueIdBytes) {
+      throw py::value_error("an NCCL unique id is " + std::to_string(gpuguard::nccl::kUniqueIdBytes) + " bytes, not " +
+                            std::to_string(id.size()));
+    }
+    gpuguard::NcclProbeOptions o;
+    o.nranks = nranks;
+    o.rank = rank;
+    std::copy(id.begin(), id.end(), o.unique_id.begin());
+    o.device = device;
+    o.timeout_s = timeout_s;
+    o.all_reduce = all_reduce;
+    gpuguard::NcclProbeOutcome out;
+    {
+      py::gil_scoped_release nogil;
+      out = gpuguard::run_nccl_probe(o);
+    }
+    py::dict d;
+    d["verdict"] = out.verdict_name();
+    d["ok"] = out.ok();
+    d["stage"] = out.stage;
+    d["error"] = out.ok() ? py::object(py::none()) : py::object(error_to_dict(out.error));
+    d["last_error"] = out.last_error;
+    d["aborted"] = out.aborted;
+    d["elapsed_s"] = out.elapsed_s;
+    d["init_s"] = out.init_s;
+    d["all_reduce_result"] = out.all_reduce_result;
+    d["nccl_version"] = out.nccl_version;
+    d["library"] = out.library;
+    return d;
+  }, py::arg("nranks"), py::arg("rank"), py::arg("unique_id"), py::arg("device"), py::arg("timeout_s"),
+     py::arg("all_reduce") = false,
+     "One rank's part in forming an NCCL communicator (non-blocking init under a deadline, abort on timeout) "
+     "and, with all_reduce=True, one small float32 sum checked for the right result. Never raises for NCCL "
+     "failures: the dict says what happened (verdict 'ok' | 'failed' | 'timed out', stage, error, last_error).");
+}
+
 
 // ---- diagnostics (issue: doctor/explain) ------------------------------------------------------------------
+
+void bind_diagnostics(py::module_& m) {
+  m.def("peer_copy_probe", [](int src, int dst, std::size_t bytes) -> py::dict {
+    gpuguard::Result<gpuguard::PeerCopyResult> r = gpuguard::Error{};
+    {
+      py::gil_scoped_release nogil;  // a broken driver may block here; the caller runs it under a deadline
+      r = gpuguard::peer_copy_probe(src, dst, bytes);
+    }
+    py::dict out;
+    out["src"] = src;
+    out["dst"] = dst;
+    out["bytes"] = bytes;
+    if (!r) {
+      out["error"] = error_to_dict(r.error());
+      return out;
+    }
+    const auto& v = r.value();
+    out["error"] = py::none();
+    out["peer_access_reported"] = v.peer_access_reported;
+    out["peer_access_enabled"] = v.peer_access_enabled;
+    out["verified"] = v.verified;
+    out["mismatched_bytes"] = v.mismatched_bytes;
+    out["first_mismatch"] = v.mismatched_bytes ? py::object(py::int_(v.first_mismatch)) : py::object(py::none());
+    out["destination_unchanged"] = v.destination_unchanged;
+    out["copy_milliseconds"] = v.copy_milliseconds;
+    return out;
+  }, py::arg("src"), py::arg("dst"), py::arg("bytes"),
+     "Copies `bytes` from visible device src to dst (peer access enabled where offered) and verifies them.");
+}
 
 
 }  // namespace
@@ -179,6 +278,8 @@ void bind_tensor_devices(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
   bind_cuda_driver(m);
+  bind_nccl(m);
+  bind_diagnostics(m);
   bind_binding(m);
   bind_tensor_devices(m);
 }

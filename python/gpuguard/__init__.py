@@ -9,6 +9,8 @@ from __future__ import annotations
 from ._native import TORCH_VERSION_BUILT_FOR
 from .binding import Binding, bind, init_process_group
 from .devices import CudaStatus, Device, cuda_status, devices
+from .doctor import DoctorReport, Finding
+from .doctor import run_doctor as doctor
 from .errors import (
     CudaStateError,
     DeviceMismatchError,
@@ -19,6 +21,7 @@ from .errors import (
     RankMappingError,
     RendezvousTimeoutError,
 )
+from .explain import Diagnosis, Evidence, explain, explain_file
 from .launchers import LaunchContext, detect as detect_launcher
 from .tensors import GuardHandle, assert_same_device, guard, same_device
 
@@ -30,7 +33,11 @@ __all__ = [
     "CudaStatus",
     "Device",
     "DeviceMismatchError",
+    "Diagnosis",
+    "DoctorReport",
     "DuplicateDeviceError",
+    "Evidence",
+    "Finding",
     "GpuGuardError",
     "GpuGuardWarning",
     "GuardHandle",
@@ -45,6 +52,9 @@ __all__ = [
     "cuda_status",
     "detect_launcher",
     "devices",
+    "doctor",
+    "explain",
+    "explain_file",
     "guard",
     "init_process_group",
     "same_device",

@@ -37,6 +37,46 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import LogExplainer, format_diagnoses
+
+    explainer = LogExplainer(match_local=not args.no_local)
+    if args.file in (None, "-"):
+        if sys.stdin.isatty():
+            print("gpuguard explain: reading the error text from the terminal; end it with Ctrl-D "
+                  "(or pass a log file: gpuguard explain FILE)", file=sys.stderr)
+        explainer.feed_stream(sys.stdin.buffer)
+    else:
+        try:
+            with open(args.file, "rb") as f:
+                explainer.feed_stream(f)
+        except OSError as exc:
+            print(f"gpuguard explain: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    found = explainer.diagnoses()
+    if args.json:
+        print(json.dumps({"recognised": bool(found), "lines_read": explainer.lines,
+                          "diagnoses": [d.as_dict() for d in found]}, indent=2))
+    else:
+        print(format_diagnoses(found, explainer.lines), end="")
+    return 0 if found else 1
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import format_report, run_doctor
+
+    if args.timeout <= 0:
+        print(f"gpuguard doctor: --timeout must be a positive number of seconds, not {args.timeout:g}",
+              file=sys.stderr)
+        return 2
+    report = run_doctor(p2p=args.p2p, nccl=args.nccl, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(format_report(report), end="")
+    return report.exit_code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuguard",
@@ -48,6 +88,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list the CUDA devices this process can see")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser("explain", help="decode an NCCL / PyTorch / Ray error message or a whole log",
+                       description="Reads one error message or a whole log (ranks interleaved, launcher "
+                                   "prefixes allowed) and explains each failure it recognises: the ranks and "
+                                   "devices involved, the cause and the fix. Exit status: 0 when something was "
+                                   "recognised, 1 when nothing was, 2 when the input cannot be read.")
+    p.add_argument("file", nargs="?", metavar="FILE", help="the log to read; '-' or nothing reads standard input")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--no-local", action="store_true",
+                   help="do not match NCCL's PCI bus ids to this host's GPUs (leaves the CUDA driver alone)")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("doctor", help="report on this machine and process, with findings and fixes",
+                       description="Versions, launcher environment, CUDA_VISIBLE_DEVICES, devices and peer access, "
+                                   "then findings with a severity and a fix. Exit status 1 when a finding is an "
+                                   "error. Paste the output into an issue as it is.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--p2p", action="store_true",
+                   help="copy between every pair of GPUs and verify the bytes (in a child process, under --timeout)")
+    p.add_argument("--nccl", action="store_true",
+                   help="run an all-reduce across the local GPUs, and again with NCCL_P2P_DISABLE=1 if it hangs")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="deadline in seconds for each probe (default 30)")
+    p.set_defaults(func=cmd_doctor)
 
     return parser
 
