@@ -4,40 +4,32 @@
 
 #include <type_traits>
 
+#include "abi_compatible.h"
 #include "gpuguard/cuda_api.h"
 
-namespace {
-
+// Specialisations of gpuguard_test::abi_compatible must sit outside any anonymous namespace.
 namespace g = gpuguard::cu;
 
 // A gpuguard type is compatible with a cuda.h type when it is the same type, or a stand-in of the same
 // size for an enum/struct/opaque handle, and pointers/const/function types compose that.
-template <class A, class B>
-struct compatible : std::is_same<A, B> {};
+using gpuguard_test::abi_compatible;
+using gpuguard_test::same_size;
 template <>
-struct compatible<g::CUresult, ::CUresult>
+struct gpuguard_test::abi_compatible<g::CUresult, ::CUresult>
     : std::bool_constant<sizeof(g::CUresult) == sizeof(::CUresult) && std::is_enum_v<::CUresult>> {};
 template <>
-struct compatible<g::CUdevice_attribute, ::CUdevice_attribute>
-    : std::bool_constant<sizeof(g::CUdevice_attribute) == sizeof(::CUdevice_attribute)> {};
+struct gpuguard_test::abi_compatible<g::CUdevice_attribute, ::CUdevice_attribute>
+    : same_size<g::CUdevice_attribute, ::CUdevice_attribute> {};
 template <>
-struct compatible<g::CUuuid, ::CUuuid> : std::bool_constant<sizeof(g::CUuuid) == sizeof(::CUuuid)> {};
+struct gpuguard_test::abi_compatible<g::CUuuid, ::CUuuid> : same_size<g::CUuuid, ::CUuuid> {};
 template <>
-struct compatible<g::CUctx_st, ::CUctx_st> : std::true_type {};  // opaque handle
-template <class A, class B>
-struct compatible<A*, B*> : compatible<A, B> {};
-template <class A, class B>
-struct compatible<const A, const B> : compatible<A, B> {};
-template <class RA, class... PA, class RB, class... PB>
-struct compatible<RA (*)(PA...), RB (*)(PB...)>
-    : std::bool_constant<sizeof...(PA) == sizeof...(PB) &&
-                         std::conjunction_v<compatible<RA, RB>, compatible<PA, PB>...>> {};
+struct gpuguard_test::abi_compatible<g::CUctx_st, ::CUctx_st> : std::true_type {};  // opaque handle
 
 static_assert(std::is_same_v<g::CUdevice, ::CUdevice>);
 static_assert(std::is_same_v<g::CUdeviceptr, ::CUdeviceptr>);
 
 #define GPUGUARD_CHECK_AGAINST_CUDA_H(sym, ret, params)                                  \
-  static_assert(compatible<g::PFN_##sym, decltype(&::sym)>::value,                      \
+  static_assert(abi_compatible<g::PFN_##sym, decltype(&::sym)>::value,                      \
                 "gpuguard's declaration of " #sym " does not match cuda.h");
 GPUGUARD_CUDA_REQUIRED_FUNCTIONS(GPUGUARD_CHECK_AGAINST_CUDA_H)
 GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(GPUGUARD_CHECK_AGAINST_CUDA_H)
@@ -54,5 +46,3 @@ static_assert(g::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ==
               static_cast<int>(::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
 static_assert(g::CUDA_ERROR_NO_DEVICE == static_cast<int>(::CUDA_ERROR_NO_DEVICE));
 static_assert(g::CUDA_ERROR_NOT_INITIALIZED == static_cast<int>(::CUDA_ERROR_NOT_INITIALIZED));
-
-}  // namespace

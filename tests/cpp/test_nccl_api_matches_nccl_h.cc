@@ -5,43 +5,35 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "abi_compatible.h"
 #include "gpuguard/nccl_api.h"
 
-namespace {
-
+// Specialisations of gpuguard_test::abi_compatible must sit outside any anonymous namespace.
 namespace g = gpuguard::nccl;
 
-template <class A, class B>
-struct compatible : std::is_same<A, B> {};
+using gpuguard_test::abi_compatible;
+using gpuguard_test::same_size;
 template <>
-struct compatible<g::ncclResult_t, ::ncclResult_t>
-    : std::bool_constant<sizeof(g::ncclResult_t) == sizeof(::ncclResult_t)> {};
+struct gpuguard_test::abi_compatible<g::ncclResult_t, ::ncclResult_t>
+    : same_size<g::ncclResult_t, ::ncclResult_t> {};
 template <>
-struct compatible<g::ncclDataType_t, ::ncclDataType_t>
-    : std::bool_constant<sizeof(g::ncclDataType_t) == sizeof(::ncclDataType_t)> {};
+struct gpuguard_test::abi_compatible<g::ncclDataType_t, ::ncclDataType_t>
+    : same_size<g::ncclDataType_t, ::ncclDataType_t> {};
 template <>
-struct compatible<g::ncclRedOp_t, ::ncclRedOp_t> : std::bool_constant<sizeof(g::ncclRedOp_t) == sizeof(::ncclRedOp_t)> {};
+struct gpuguard_test::abi_compatible<g::ncclRedOp_t, ::ncclRedOp_t> : same_size<g::ncclRedOp_t, ::ncclRedOp_t> {};
 template <>
-struct compatible<g::ncclUniqueId, ::ncclUniqueId>
-    : std::bool_constant<sizeof(g::ncclUniqueId) == sizeof(::ncclUniqueId)> {};
+struct gpuguard_test::abi_compatible<g::ncclUniqueId, ::ncclUniqueId>
+    : same_size<g::ncclUniqueId, ::ncclUniqueId> {};
 template <>
-struct compatible<g::ncclComm, ::ncclComm> : std::true_type {};         // opaque handle
+struct gpuguard_test::abi_compatible<g::ncclComm, ::ncclComm> : std::true_type {};         // opaque handle
 template <>
-struct compatible<g::CUstream_st, ::CUstream_st> : std::true_type {};   // opaque handle
+struct gpuguard_test::abi_compatible<g::CUstream_st, ::CUstream_st> : std::true_type {};   // opaque handle
 // gpuguard passes the NCCL 2.14 prefix of ncclConfig_t; NCCL reads `size` bytes of it (checked below).
 template <>
-struct compatible<g::ncclConfigV21400, ::ncclConfig_t> : std::true_type {};
-template <class A, class B>
-struct compatible<A*, B*> : compatible<A, B> {};
-template <class A, class B>
-struct compatible<const A, const B> : compatible<A, B> {};
-template <class RA, class... PA, class RB, class... PB>
-struct compatible<RA (*)(PA...), RB (*)(PB...)>
-    : std::bool_constant<sizeof...(PA) == sizeof...(PB) &&
-                         std::conjunction_v<compatible<RA, RB>, compatible<PA, PB>...>> {};
+struct gpuguard_test::abi_compatible<g::ncclConfigV21400, ::ncclConfig_t> : std::true_type {};
 
 #define GPUGUARD_CHECK_AGAINST_NCCL_H(sym, ret, params)                     \
-  static_assert(compatible<g::PFN_##sym, decltype(&::sym)>::value,          \
+  static_assert(abi_compatible<g::PFN_##sym, decltype(&::sym)>::value,          \
                 "gpuguard's declaration of " #sym " does not match nccl.h");
 GPUGUARD_NCCL_REQUIRED_FUNCTIONS(GPUGUARD_CHECK_AGAINST_NCCL_H)
 GPUGUARD_NCCL_OPTIONAL_FUNCTIONS(GPUGUARD_CHECK_AGAINST_NCCL_H)
@@ -73,5 +65,3 @@ static_assert(g::ncclRemoteError == static_cast<int>(::ncclRemoteError));
 static_assert(g::ncclInProgress == static_cast<int>(::ncclInProgress));
 static_assert(g::ncclFloat32 == static_cast<int>(::ncclFloat32));
 static_assert(g::ncclSum == static_cast<int>(::ncclSum));
-
-}  // namespace
