@@ -15,9 +15,9 @@ FLAGS="-std=c++20 -g -O1 -Icsrc -Wall -Wextra -Werror -fno-omit-frame-pointer"
 "$OUT/make_seeds" "$OUT/corpus"
 # -rss_limit_mb: a decoder that allocates from a hostile length prefix fails here, not in production.
 if ! "$OUT/fuzz_identity_decode" "$OUT/corpus" -max_total_time="${FUZZ_SECONDS:-20}" -max_len=20000 \
-    -rss_limit_mb=512 -print_final_stats=1 -dict=tests/fuzz/identity.dict >"$OUT/fuzz.log" 2>&1; then
+    -rss_limit_mb=512 -artifact_prefix="$OUT/" -print_final_stats=1 -dict=tests/fuzz/identity.dict >"$OUT/fuzz.log" 2>&1; then
   cat "$OUT/fuzz.log" >&2
-  echo "fuzz.sh: the identity decoder failed on the input saved above (crash-*/leak-* in $PWD)" >&2
+  echo "fuzz.sh: the identity decoder failed on the input saved above (crash-*/leak-* in $OUT)" >&2
   exit 1
 fi
 grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/fuzz.log"
