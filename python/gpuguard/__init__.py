@@ -7,31 +7,40 @@ initialisation, and a library that did so at import would freeze the wrong visib
 from __future__ import annotations
 
 from ._native import TORCH_VERSION_BUILT_FOR
+from .binding import Binding, bind, init_process_group
 from .devices import CudaStatus, Device, cuda_status, devices
 from .errors import (
     CudaStateError,
     DeviceMismatchError,
     DuplicateDeviceError,
     GpuGuardError,
+    GpuGuardWarning,
     LaunchEnvironmentError,
     RankMappingError,
     RendezvousTimeoutError,
 )
+from .launchers import LaunchContext, detect as detect_launcher
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Binding",
     "CudaStateError",
     "CudaStatus",
     "Device",
     "DeviceMismatchError",
     "DuplicateDeviceError",
     "GpuGuardError",
+    "GpuGuardWarning",
+    "LaunchContext",
     "LaunchEnvironmentError",
     "RankMappingError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
     "__version__",
+    "bind",
     "cuda_status",
+    "detect_launcher",
     "devices",
+    "init_process_group",
 ]

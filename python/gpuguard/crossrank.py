@@ -58,12 +58,16 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import errors
 from ._native import _C
 from .errors import DuplicateDeviceError, GpuGuardError, RendezvousTimeoutError
 from .rendezvous import Store
+
+if TYPE_CHECKING:
+    from .binding import Binding
+    from .launchers import LaunchContext
 
 log = logging.getLogger("gpuguard")
 
@@ -422,50 +426,43 @@ def raise_for(verdict: Verdict, me: RankIdentity, failure: Optional[BaseExceptio
 
 # ---- building this rank's record --------------------------------------------------------------------------
 
-def _field(obj: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        value = getattr(obj, name, None) if obj is not None else None
+def _first(*values: Any) -> Any:
+    for value in values:
         if value is not None:
             return value
-    return default
+    return None
 
 
-def identity_of(binding: Any, failure: Optional[BaseException], context: Any, group: str) -> RankIdentity:
-    """This rank's record, from bind()'s Binding (or the failure that prevented one) and launch context."""
+def identity_of(binding: Optional["Binding"], failure: Optional[BaseException], context: "LaunchContext",
+                group: str) -> RankIdentity:
+    """This rank's record, from bind()'s Binding (or the failure that prevented one) and the launch context."""
     fingerprint = _C.host_fingerprint()
-    rank = int(_field(binding, "rank", default=_field(context, "rank", default=0)))
-    world_size = int(_field(binding, "world_size", default=_field(context, "world_size", default=1)))
-    device = _field(binding, "device")
-    gpu_uuid = _field(binding, "uuid", "gpu_uuid", default="") or ""
-    gpu_index = -1
-    if gpu_uuid and device is not None and getattr(device, "type", None) == "cuda":
-        gpu_index = int(device.index or 0)
-    elif gpu_uuid:
-        gpu_index = int(_field(binding, "gpu_index", "index", default=0))
-    visible_count = _field(binding, "visible_device_count", default=None)
+    extra = dict(binding.extra) if binding is not None else dict(getattr(context, "extra", {}) or {})
+    on_gpu = binding is not None and binding.uuid is not None and binding.device_index is not None
+    visible_count = binding.visible_device_count if binding is not None else None
     if visible_count is None:
         status = _C.cuda_status()  # bind() already initialised the driver; this only reads the count
         visible_count = int(status["device_count"]) if status["initialized"] else -1
-    fraction = _field(context, "gpu_fraction", "num_gpus")
-    ray_ids = _field(context, "ray_gpu_ids", "accelerator_ids", default="")
+    share = extra.get("ray_gpu_share")
+    ray_ids = extra.get("ray_gpu_ids")
     me = RankIdentity(
-        rank=rank,
-        world_size=world_size,
+        rank=int(_first(binding.rank if binding else None, context.rank)),
+        world_size=int(_first(binding.world_size if binding else None, context.world_size)),
         group=group,
-        local_rank=int(_field(binding, "local_rank", default=_field(context, "local_rank", default=-1))),
-        local_world_size=int(_field(context, "local_world_size", default=-1)),
+        local_rank=int(_first(binding.local_rank if binding else None, context.local_rank, -1)),
+        local_world_size=int(_first(context.local_world_size, -1)),
         host_hash=int(fingerprint["hash"]),
-        hostname=str(_field(binding, "host", "hostname", default=fingerprint["hostname"])),
-        gpu_uuid=gpu_uuid,
-        pci_bus_id=(_field(binding, "pci_bus_id", default="") or "") if gpu_uuid else "",
-        gpu_index=gpu_index,
+        hostname=str(binding.host if binding is not None else fingerprint["hostname"]),
+        gpu_uuid=binding.uuid if on_gpu and binding is not None and binding.uuid else "",
+        pci_bus_id=(binding.pci_bus_id or "") if on_gpu and binding is not None else "",
+        gpu_index=int(binding.device_index) if on_gpu and binding is not None and binding.device_index is not None else -1,
         pid=os.getpid(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         visible_device_count=int(visible_count),
-        launcher=str(_field(binding, "launcher", default=_field(context, "launcher", "name", default="")) or ""),
+        launcher=str(binding.launcher if binding is not None else context.launcher),
         multi_rank_gpu_enabled=os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1",
-        gpu_fraction=float(fraction) if fraction is not None and float(fraction) > 0 else None,
-        ray_gpu_ids=str(ray_ids) if ray_ids else "",
+        gpu_fraction=float(share) if isinstance(share, (int, float)) and 0 < float(share) else None,
+        ray_gpu_ids=",".join(str(i) for i in ray_ids) if isinstance(ray_ids, (list, tuple)) else str(ray_ids or ""),
     )
     if failure is not None:
         me.failure_kind = type(failure).__name__ if isinstance(failure, GpuGuardError) else "GpuGuardError"
@@ -571,8 +568,8 @@ def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namesp
 
 # ---- the entry point bind() calls -------------------------------------------------------------------------
 
-def check_across_ranks(binding: Any, failure: Optional[BaseException], context: Any, *, group: str,
-                       store: Optional[Store], timeout: float, verify_nccl: bool) -> None:
+def check_across_ranks(binding: Optional["Binding"], failure: Optional[GpuGuardError], context: "LaunchContext",
+                       *, group: str, store: Any, timeout: float, verify_nccl: bool) -> None:
     """bind()'s cross-rank step: raises the same error on every rank when the group's placement is wrong.
 
     ``binding`` is this rank's Binding (None when ``failure`` says why there is none); ``failure`` is re-raised

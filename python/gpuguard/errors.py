@@ -41,3 +41,7 @@ class CudaStateError(GpuGuardError):
 
 class LaunchEnvironmentError(GpuGuardError):
     """The launcher's environment variables are missing, malformed or contradict each other."""
+
+
+class GpuGuardWarning(UserWarning):
+    """Something is off but the run can go on (bound to the CPU for want of a GPU, ...)."""
