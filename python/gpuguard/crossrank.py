@@ -199,6 +199,33 @@ def _default_group_store() -> Optional[Store]:
     return distributed_c10d._get_default_store()  # type: ignore[no-any-return]
 
 
+def env_store_for_init(rank: int, world_size: int, timeout: float) -> Optional[Store]:
+    """For ``gpuguard.init_process_group`` under env:// without torchrun (srun, mpirun, plain variables): the
+    TCPStore torch's env:// rendezvous would create (rank 0 serves it on MASTER_ADDR:MASTER_PORT), created
+    here so that bind() can meet the other ranks through it first; it is then handed to torch as ``store=``.
+    None where there is nothing to create: one process, torchrun's agent store, or no MASTER_ADDR/MASTER_PORT.
+    """
+    if world_size <= 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return None
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        return None
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise GpuGuardError(f"MASTER_PORT={port!r} is not a port number", variable="MASTER_PORT") from None
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(host, port_number, world_size, is_master=rank == 0,  # type: ignore[no-any-return]
+                             timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                             multi_tenant=True)
+    except Exception as exc:  # noqa: BLE001 - c10d raises several types; say which store and why
+        raise GpuGuardError(f"could not {'serve' if rank == 0 else 'reach'} the rendezvous store at "
+                            f"{host}:{port_number} (MASTER_ADDR/MASTER_PORT): {exc}", host=host,
+                            port=port_number) from exc
+
+
 def find_store(store: Optional[Store], *, group: str, world_size: int, timeout: float) -> Optional[Store]:
     """The store the ranks of ``group`` meet in, in the documented order; None for a single process."""
     if store is not None:

@@ -356,3 +356,46 @@ def test_colocated_groups_in_separate_processes_pass(fake_gpus, master):
         assert p.returncode == 0, err[-3000:]
     assert sum("group actor" in out for out, _ in outputs) == 2
     assert sum("group critic" in out for out, _ in outputs) == 2
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+PLAIN_WORKER = r"""
+import json, torch, torch.distributed as dist, gpuguard
+try:
+    b = gpuguard.init_process_group("gloo", bind_timeout=60)
+    t = torch.tensor([b.device_index]); dist.all_reduce(t)
+    print(json.dumps({"ok": int(t.item())}))
+except gpuguard.GpuGuardError as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+"""
+
+
+@pytest.mark.slow
+def test_init_process_group_without_torchrun_meets_through_the_env_store_it_creates(fake_gpus):
+    """srun/mpirun/plain variables have no store before init_process_group: gpuguard creates the TCPStore
+    env:// would (rank 0 serves MASTER_PORT), checks placement through it, then hands it to torch."""
+    from test_bind import scrubbed
+
+    results = {}
+    for topology in ("h100x1", "h100x4"):
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, "-c", PLAIN_WORKER], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env=dict(scrubbed(fake_gpus.env(topology)), RANK=str(r), LOCAL_RANK=str(r),
+                                           WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+                 for r in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        results[topology] = [json.loads(out.strip().splitlines()[-1]) if out.strip() else {"stderr": err[-2000:]}
+                             for out, err in outs]
+    one_gpu = results["h100x1"]
+    assert {r.get("error") for r in one_gpu} == {"DuplicateDeviceError"}, one_gpu
+    assert "2 processes on a host with 1 GPU" in one_gpu[0]["message"]
+    assert one_gpu[0]["message"] == one_gpu[1]["message"]
+    assert results["h100x4"] == [{"ok": 1}, {"ok": 1}], results["h100x4"]
