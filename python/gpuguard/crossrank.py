@@ -530,9 +530,6 @@ def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namesp
                              timeout: float) -> Verdict:
     """Forms a real NCCL communicator of the group (rank 0's unique id through the store) under a deadline."""
     ns = f"{namespace}/nccl"
-    if not me.gpu_uuid:
-        return Verdict("error", f"verify_nccl=True needs a GPU on every rank; rank {me.rank} has none "
-                                f"(bind() fell back to the CPU)", {"rank": me.rank})
     id_key = f"{ns}/id"
     started = time.monotonic()
     if me.rank == 0:
@@ -560,7 +557,12 @@ def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namesp
                                   f"{ns}/verdict") if unique_id == b"" else Verdict(
                 "error", f"the NCCL unique id at {id_key!r} is {len(unique_id)} bytes, not 128", {"key": id_key})
     remaining = max(0.1, timeout - (time.monotonic() - started))
-    outcome = _C.nccl_probe(me.world_size, me.rank, unique_id, me.gpu_index, remaining, False)
+    if me.gpu_uuid:
+        outcome = _C.nccl_probe(me.world_size, me.rank, unique_id, me.gpu_index, remaining, False)
+    else:  # still take part, so that the others learn why instead of waiting for this rank in NCCL
+        outcome = {"ok": False, "verdict": "failed", "stage": "bind", "last_error": "", "error": {
+            "message": "verify_nccl=True needs a GPU on every rank; this rank has none (bind() fell back to "
+                       "the CPU)"}}
     mine = None if outcome["ok"] else {
         "rank": me.rank, "host": me.hostname, "verdict": outcome["verdict"], "stage": outcome["stage"],
         "message": (outcome["error"] or {}).get("message", "")[:2000], "last_error": outcome["last_error"][:1000]}
