@@ -11,6 +11,9 @@ store (the :class:`~gpuguard.rendezvous.Store` protocol, c10d semantics), found 
 5. inside Ray, a named rendezvous actor per group (:func:`_ray_store`);
 6. anything else is an error that says how to give the ranks a place to meet.
 
+``gpuguard.init_process_group`` under env:// without torchrun (srun, mpirun, plain variables) first creates the
+TCPStore env:// would (:func:`env_store_for_init`), so that this check runs through it before torch starts.
+
 Key layout. Every key lives under one namespace per check,
 ``gpuguard/v1/<group>/<run id>/<restart>/<call>``: the run id (``TORCHELASTIC_RUN_ID``, or the SLURM job and
 step) and torchelastic's restart count keep elastic restarts apart, and ``<call>`` (how many checks this
@@ -38,7 +41,9 @@ compare_set ``owner``, add ``host``, add ``arrived``, then wait + get ``verdict`
 taken adds 3 (add ``dev/n``, set its slot, add ``shared_ranks``), and the second one on a GPU 2 more
 (``shared/n``, ``shared/<i>``). The last arriver writes the verdict instead of waiting for it, after reading
 at most 16 shared GPUs × 16 records plus their counters, so even a job in which every rank shares is
-bounded. Bytes stored per rank: its record once (twice if it shares, ~150 bytes each) and a few counters.
+bounded. Bytes stored per rank: its record twice (``rec`` and ``owner`` or its slot, ~150 bytes each) plus
+shared counters. On a timeout, the one reporting rank finds the missing ranks with one ``check`` per 256
+ranks plus one per rank of the blocks with a gap.
 Nothing is all-to-all: no rank ever reads every record. A failed rank's record is published like any other
 and its failure becomes the verdict at once (``compare_set``), so every rank waiting on ``verdict`` wakes
 immediately, naming it.
