@@ -216,6 +216,14 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
 
     if require_gpu is None:
         require_gpu = "nccl" in str(backend).lower()
+    if kwargs.get("store") is None and kwargs.get("init_method") in (None, "env://"):
+        # srun/mpirun/plain variables have no store before init: create the one env:// would, so that bind()'s
+        # cross-rank check can run first, and hand it to torch.
+        context = detect()
+        env_store = crossrank.env_store_for_init(context.rank, context.world_size, float(bind_timeout))
+        if env_store is not None:
+            kwargs.pop("init_method", None)
+            kwargs["store"] = env_store
     binding = bind(group=group, store=kwargs.get("store"), timeout=bind_timeout, verify_nccl=verify_nccl,
                    require_gpu=require_gpu)
     if "rank" not in kwargs and "world_size" not in kwargs:

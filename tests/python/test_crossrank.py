@@ -1,0 +1,401 @@
+"""The cross-rank placement check: the store exchange (threads, each with its own TCPStore client), its
+verdicts and messages, the 1,024-rank simulation, and bind() end to end under a real torchrun."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import zlib
+from typing import Any, Callable, Optional
+
+import pytest
+import torch.distributed as dist
+
+from conftest import TOPOLOGIES, run_json
+from gpuguard import DuplicateDeviceError, GpuGuardError, RankMappingError, RendezvousTimeoutError
+from gpuguard import crossrank
+from gpuguard.crossrank import RankIdentity, Verdict, exchange, raise_for
+
+
+@pytest.fixture
+def master():
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    yield store
+
+
+def client(master) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=60))
+
+
+class CountingStore:
+    """A Store wrapper that counts operations, to prove the per-rank cost does not grow with the job."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.ops = 0
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.inner, name)
+
+        def counted(*args: Any) -> Any:
+            self.ops += 1
+            return method(*args)
+        return counted
+
+
+def gpu_uuid(host: str, gpu: int) -> str:
+    """A UUID per (host, GPU), so that GPUs of different hosts never collide by accident."""
+    return f"GPU-{zlib.crc32(host.encode()):08x}-{gpu:04x}-4000-8000-1f2e3d4c5b60"
+
+
+def ident(rank: int, world: int, gpu: int, *, host: str = "node-a", group: str = "default", gpus_on_host: int = 8,
+          **fields: Any) -> RankIdentity:
+    return RankIdentity(rank=rank, world_size=world, group=group, local_rank=rank % gpus_on_host,
+                        host_hash=zlib.crc32(host.encode()) * 7919, hostname=host, gpu_uuid=gpu_uuid(host, gpu),
+                        pci_bus_id=f"0000:{0x18 + gpu % 8:02x}:00.0", gpu_index=gpu % gpus_on_host, pid=4000 + rank,
+                        visible_device_count=gpus_on_host, launcher="test", **fields)
+
+
+def run_ranks(master, identities: list[RankIdentity], *, namespace: str = "t", timeout: float = 60,
+              ) -> tuple[list[Verdict], list[int]]:
+    """Runs exchange() for every identity on its own thread with its own TCPStore client (connected before a
+    barrier, because c10d client connections are slow to set up here); returns the verdicts and op counts."""
+    n = len(identities)
+    stores: list[Optional[CountingStore]] = [None] * n
+    verdicts: list[Optional[Verdict]] = [None] * n
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def rank(i: int) -> None:
+        try:
+            stores[i] = CountingStore(client(master))
+            start.wait(timeout=120)
+            verdicts[i] = exchange(stores[i], identities[i], namespace=namespace, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 150)
+    assert not errors, errors[:3]
+    assert all(v is not None for v in verdicts)
+    return verdicts, [s.ops for s in stores]  # type: ignore[misc,union-attr]
+
+
+# ---- records ---------------------------------------------------------------------------------------------------
+
+def test_identity_round_trips_and_peers_bytes_are_checked():
+    me = ident(3, 8, 3, cuda_visible_devices="3", gpu_fraction=0.5, ray_gpu_ids="3")
+    assert RankIdentity.decode(me.encode()) == me
+    with pytest.raises(ValueError, match="not a gpuguard identity record"):
+        RankIdentity.decode(b'{"rank": 0}')
+    with pytest.raises(ValueError, match="rank 9 is outside 0..7"):
+        RankIdentity.decode(RankIdentity(rank=1, world_size=8).encode().replace(b"\x01\x00\x00\x00", b"\x09\x00\x00\x00", 1))
+    with pytest.raises(GpuGuardError, match="could not describe rank 0 .* gpu_uuid must start with GPU- or MIG-"):
+        RankIdentity(rank=0, world_size=1, gpu_uuid="nonsense", gpu_index=0).encode()
+
+
+# ---- verdicts --------------------------------------------------------------------------------------------------
+
+def test_distinct_gpus_pass_on_every_rank(master):
+    verdicts, ops = run_ranks(master, [ident(r, 4, r) for r in range(4)])
+    assert [v.kind for v in verdicts] == ["ok"] * 4
+    assert max(ops) <= 6
+
+
+def test_two_ranks_on_one_gpu_every_rank_raises_the_same_report(master):
+    identities = [ident(r, 4, [0, 0, 1, 2][r], gpus_on_host=1, host=f"node-{[0, 0, 1, 2][r]}") for r in range(4)]
+    verdicts, _ = run_ranks(master, identities)
+    assert {v.kind for v in verdicts} == {"duplicate"}
+    assert len({v.message for v in verdicts}) == 1
+    message = verdicts[0].message
+    assert message.startswith("2 ranks of group 'default' share 1 GPU.")
+    assert f"GPU {gpu_uuid('node-0', 0)} (PCI 0000:18:00.0) is shared by ranks 0 and 1:" in message
+    assert "2 processes on a host with 1 GPU (node-0 runs 2 ranks" in message
+    raised = []
+    for me, v in zip(identities, verdicts):
+        with pytest.raises(DuplicateDeviceError) as info:
+            raise_for(v, me)
+        raised.append(info.value)
+    assert {str(e) for e in raised} == {message}
+    assert raised[3].details["shared"][0]["ranks"] == [0, 1]  # structured, on a rank not involved too
+    assert raised[3].details["causes"] == ["more_ranks_than_gpus"]
+
+
+def test_a_failed_rank_stops_the_others_at_once_naming_it(master):
+    failed = ident(2, 4, 2, failure_kind="RankMappingError",
+                   failure_text="Rank 2 has local rank 2 but this host shows 2 GPUs")
+    identities = [ident(0, 4, 0), ident(1, 4, 1), failed]  # rank 3 never comes: the failure must not wait for it
+    verdicts, _ = run_ranks(master, identities, timeout=120)
+    assert {v.kind for v in verdicts} == {"failure"}
+    message = verdicts[0].message
+    assert message.startswith("rank 2 (host node-a, pid 4002) could not bind a GPU, so every rank of group "
+                              "'default' stops here instead of waiting for it:")
+    assert "RankMappingError: Rank 2 has local rank 2 but this host shows 2 GPUs" in message
+    with pytest.raises(RankMappingError, match="rank 2 .* could not bind a GPU") as info:
+        raise_for(verdicts[0], identities[0])
+    assert info.value.details["peer_failure"] is True and info.value.details["failed_rank"] == 2
+    own = RankMappingError("own message")
+    with pytest.raises(RankMappingError, match="own message"):  # the failed rank raises its own error
+        raise_for(verdicts[2], failed, own)
+
+
+def test_a_rank_that_never_arrives_is_named_in_the_timeout(master):
+    verdicts, _ = run_ranks(master, [ident(r, 4, r) for r in (0, 1, 3)], timeout=1.0)
+    assert {v.kind for v in verdicts} == {"timeout"}
+    assert len({v.message for v in verdicts}) == 1
+    assert verdicts[0].message.startswith(
+        "rank 2 of group 'default' did not reach gpuguard's placement check within 1 s (3 of 4 arrived).")
+    with pytest.raises(RendezvousTimeoutError) as info:
+        raise_for(verdicts[0], ident(0, 4, 0))
+    assert info.value.details["missing_ranks"] == [2]
+
+
+def test_colocated_groups_pass_and_keep_to_their_own_keys(master):
+    identities = [ident(r, 2, r, group=g) for g in ("actor", "critic") for r in range(2)]
+    results: dict[str, list[Verdict]] = {}
+    for g in ("actor", "critic"):
+        mine = [i for i in identities if i.group == g]
+        results[g], _ = run_ranks(master, mine, namespace=crossrank.run_namespace(g))
+    assert [v.kind for g in results for v in results[g]] == ["ok"] * 4
+
+
+def test_multi_rank_gpu_mode_is_a_warning_on_every_rank(master, caplog):
+    identities = [ident(r, 2, 0, gpus_on_host=1, multi_rank_gpu_enabled=True) for r in range(2)]
+    verdicts, _ = run_ranks(master, identities)
+    assert {v.kind for v in verdicts} == {"warning"}
+    with caplog.at_level(logging.WARNING, logger="gpuguard"):
+        raise_for(verdicts[0], identities[0])
+    assert "NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved" in caplog.text
+
+
+def test_hostile_store_contents_give_a_clear_error_not_a_crash(master):
+    c = client(master)
+    c.set(f"bad/dev/{gpu_uuid('node-a', 0)}/owner", b"\x00garbage")  # someone else wrote the first slot of GPU 0
+    verdicts, _ = run_ranks(master, [ident(0, 1, 0)], namespace="bad")
+    assert verdicts[0].kind == "error"
+    assert f"the identity record at store key 'bad/dev/{gpu_uuid('node-a', 0)}/owner' is malformed" in verdicts[0].message
+    assert "bad magic" in verdicts[0].message
+    c.set("bad2/verdict", b"not json")
+    with pytest.raises(GpuGuardError, match="the placement verdict at store key 'bad2/verdict' is malformed"):
+        exchange(client(master), ident(0, 2, 0), namespace="bad2", timeout=5)
+
+
+def test_namespaces_separate_calls_restarts_and_groups(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first, second = crossrank.run_namespace("ns-test"), crossrank.run_namespace("ns-test")
+    assert first.startswith("gpuguard/v1/ns-test/job-7/0/") and first != second
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert "/job-7/1/" in crossrank.run_namespace("ns-test")
+    assert crossrank.run_namespace("a/b").startswith("gpuguard/v1/a%2Fb/")  # a group cannot reach into another
+
+
+def test_finding_the_store(monkeypatch):
+    assert crossrank.find_store(None, group="g", world_size=1, timeout=1) is None
+    with pytest.raises(TypeError, match="store= must implement gpuguard.rendezvous.Store .* lacks"):
+        crossrank.find_store(object(), group="g", world_size=2, timeout=1)
+    for var in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(GpuGuardError, match="found 4 ranks but no place where they can meet .* pass store="):
+        crossrank.find_store(None, group="g", world_size=4, timeout=1)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "http")
+    with pytest.raises(GpuGuardError, match="MASTER_PORT='http' is not a port number"):
+        crossrank.find_store(None, group="g", world_size=4, timeout=1)
+
+
+def test_a_thousand_ranks_in_one_process_cost_constant_store_operations(master):
+    """1,024 simulated ranks (128 hosts x 8 GPUs), each its own thread and TCPStore client. Three hosts start
+    2 ranks per GPU on half their GPUs; every rank must get the same report naming all three hosts."""
+    world = 1024
+    identities = []
+    for r in range(world):
+        host, local = divmod(r, 8)
+        gpu = local // 2 if host in (5, 77, 126) else local
+        identities.append(ident(r, world, gpu, host=f"node-{host:03d}"))
+    verdicts, ops = run_ranks(master, identities, namespace="sim", timeout=120)
+    assert {v.kind for v in verdicts} == {"duplicate"}
+    assert len({v.message for v in verdicts}) == 1
+    message = verdicts[0].message
+    assert message.startswith("24 ranks of group 'default' share 12 GPUs.")
+    for host in ("node-005", "node-077", "node-126"):
+        assert f"host {host}" in message
+    assert "is shared by ranks 40 and 41:" in message
+    # Per-rank cost: 6 operations on a GPU of its own, at most 11 for a rank that shares; only the one rank
+    # that writes the verdict reads more, and that is bounded by the report's size, not by the job's.
+    composer_ops = max(ops)
+    assert sorted(ops)[-2] <= 11
+    assert composer_ops <= 11 + 16 * 16 * 2 + 4
+
+
+# ---- bind() under a real torchrun ------------------------------------------------------------------------------
+
+TORCHRUN_WORKER = r"""
+import json, os, sys
+import gpuguard
+
+out, mode = sys.argv[1], sys.argv[2]
+rank = int(os.environ["RANK"])
+result = {}
+
+def attempt(name, **kwargs):
+    try:
+        result[name] = {"ok": str(gpuguard.bind(**kwargs))}
+    except gpuguard.GpuGuardError as e:
+        result[name] = {"error": type(e).__name__, "message": str(e), "details": {
+            k: v for k, v in e.details.items() if isinstance(v, (int, str, list, bool, float))}}
+
+if mode == "exit_early" and rank == 1:
+    sys.exit(0)  # this rank never reaches bind(); torchrun keeps the others running
+if mode == "sequence":
+    import torch.distributed as dist
+    attempt("before_init", timeout=60)                                # torchrun's agent store
+    dist.init_process_group("gloo")
+    attempt("after_init", group="after_init", timeout=60)             # the default process group's store
+    attempt("nccl_ok", group="nccl_ok", verify_nccl=True, timeout=30)
+    os.environ["GPUGUARD_FAKE_TOPOLOGY"] = os.environ["DUPLICATE_TOPOLOGY"]
+    attempt("nccl_duplicate", group="nccl_duplicate", verify_nccl=True, timeout=30)
+    os.environ["GPUGUARD_FAKE_TOPOLOGY"] = os.environ["HANG_TOPOLOGY"]
+    attempt("nccl_hang", group="nccl_hang", verify_nccl=True, timeout=2)
+    dist.destroy_process_group()
+else:
+    attempt("bind", timeout=float(os.environ.get("BIND_TIMEOUT", "60")))
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+"""
+
+
+def torchrun(fake_gpus, tmp_path, topology: str, nproc: int, mode: str, **env: str) -> list[dict[str, Any]]:
+    from test_bind import scrubbed
+
+    script = tmp_path / "worker.py"
+    script.write_text(TORCHRUN_WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    full_env = scrubbed(fake_gpus.env(topology, GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl"), **env))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", str(script), str(out), mode],
+                          env=full_env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_on_a_one_gpu_host_every_rank_raises(fake_gpus, tmp_path):
+    ranks = torchrun(fake_gpus, tmp_path, "h100x1", 2, "bind")
+    assert len(ranks) == 2
+    errors = [r["bind"] for r in ranks]
+    assert {e["error"] for e in errors} == {"DuplicateDeviceError"}
+    assert errors[0]["message"] == errors[1]["message"]
+    message = errors[0]["message"]
+    uuid = fake_gpus.topology("h100x1")["gpus"][0]["uuid"]
+    assert f"GPU {uuid} (PCI 0000:18:00.0) is shared by ranks 0 and 1:" in message
+    assert "2 processes on a host with 1 GPU" in message
+    assert "torchrun --nproc_per_node=1" in message
+    assert "launcher torchrun" in message
+
+
+@pytest.mark.slow
+def test_torchrun_four_ranks_pass_before_and_after_init_and_verify_nccl(fake_gpus, tmp_path):
+    ranks = torchrun(fake_gpus, tmp_path, "h100x4", 4, "sequence",
+                     DUPLICATE_TOPOLOGY=str(TOPOLOGIES / "h100x4_nccl_duplicate.json"),
+                     HANG_TOPOLOGY=str(TOPOLOGIES / "h100x4_nccl_hang.json"))
+    assert len(ranks) == 4
+    for r in ranks:
+        assert "ok" in r["before_init"], r["before_init"]
+        assert "ok" in r["after_init"], r["after_init"]
+        assert "ok" in r["nccl_ok"], r["nccl_ok"]
+    duplicate = [r["nccl_duplicate"] for r in ranks]
+    assert {d["error"] for d in duplicate} == {"DuplicateDeviceError"}
+    assert len({d["message"] for d in duplicate}) == 1
+    assert "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 18000" in duplicate[0]["message"]
+    assert "2 of 4 ranks failed" in duplicate[0]["message"]
+    hang = [r["nccl_hang"] for r in ranks]
+    assert {h["error"] for h in hang} == {"RendezvousTimeoutError"}
+    assert "NCCL did not form a communicator for group 'nccl_hang' within 2 s on 4 of 4 ranks; gpuguard " \
+           "aborted it (ncclCommAbort)" in hang[0]["message"]
+    assert hang[0]["details"]["aborted"] is True
+
+
+@pytest.mark.slow
+def test_torchrun_rank_that_exits_early_is_named_by_the_others(fake_gpus, tmp_path):
+    ranks = torchrun(fake_gpus, tmp_path, "h100x4", 2, "exit_early", BIND_TIMEOUT="3")
+    assert len(ranks) == 1  # rank 1 left before bind()
+    error = ranks[0]["bind"]
+    assert error["error"] == "RendezvousTimeoutError"
+    assert error["message"].startswith("rank 1 of group 'default' did not reach gpuguard's placement check "
+                                       "within 3 s (1 of 2 arrived).")
+
+
+@pytest.mark.slow
+def test_colocated_groups_in_separate_processes_pass(fake_gpus, master):
+    """verl-style colocation: an actor group and a critic group of 2 ranks each share two GPUs."""
+    procs = []
+    for group in ("actor", "critic"):
+        for rank in range(2):
+            env = fake_gpus.env("h100x4", visible=str(rank), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
+                                GPUGUARD_GROUP=group)
+            code = (f"import datetime, torch.distributed as dist, gpuguard\n"
+                    f"s = dist.TCPStore('127.0.0.1', {master.port}, is_master=False)\n"
+                    f"print(gpuguard.bind(store=s, timeout=60))\n")
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+    assert sum("group actor" in out for out, _ in outputs) == 2
+    assert sum("group critic" in out for out, _ in outputs) == 2
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+PLAIN_WORKER = r"""
+import json, torch, torch.distributed as dist, gpuguard
+try:
+    b = gpuguard.init_process_group("gloo", bind_timeout=60)
+    t = torch.tensor([b.device_index]); dist.all_reduce(t)
+    print(json.dumps({"ok": int(t.item())}))
+except gpuguard.GpuGuardError as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+"""
+
+
+@pytest.mark.slow
+def test_init_process_group_without_torchrun_meets_through_the_env_store_it_creates(fake_gpus):
+    """srun/mpirun/plain variables have no store before init_process_group: gpuguard creates the TCPStore
+    env:// would (rank 0 serves MASTER_PORT), checks placement through it, then hands it to torch."""
+    from test_bind import scrubbed
+
+    results = {}
+    for topology in ("h100x1", "h100x4"):
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, "-c", PLAIN_WORKER], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env=dict(scrubbed(fake_gpus.env(topology)), RANK=str(r), LOCAL_RANK=str(r),
+                                           WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+                 for r in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        results[topology] = [json.loads(out.strip().splitlines()[-1]) if out.strip() else {"stderr": err[-2000:]}
+                             for out, err in outs]
+    one_gpu = results["h100x1"]
+    assert {r.get("error") for r in one_gpu} == {"DuplicateDeviceError"}, one_gpu
+    assert "2 processes on a host with 1 GPU" in one_gpu[0]["message"]
+    assert one_gpu[0]["message"] == one_gpu[1]["message"]
+    assert results["h100x4"] == [{"ok": 1}, {"ok": 1}], results["h100x4"]
