@@ -15,8 +15,12 @@ from .errors import (
     GpuGuardError,
     LaunchEnvironmentError,
     RankMappingError,
+    RayPlacementError,
+    RayRendezvousError,
     RendezvousTimeoutError,
 )
+from .ray_placement import RayPlacement, ray_placement
+from .ray_report import PlacementReport
 
 __version__ = "0.1.0"
 
@@ -28,10 +32,15 @@ __all__ = [
     "DuplicateDeviceError",
     "GpuGuardError",
     "LaunchEnvironmentError",
+    "PlacementReport",
     "RankMappingError",
+    "RayPlacement",
+    "RayPlacementError",
+    "RayRendezvousError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
     "__version__",
     "cuda_status",
     "devices",
+    "ray_placement",
 ]
