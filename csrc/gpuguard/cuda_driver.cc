@@ -125,6 +125,9 @@ Status CudaDriver::init() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   visible_set_at_init_ = visible != nullptr;
   visible_at_init_ = visible ? visible : "";
+  // Before cuInit, the driver answers CUDA_ERROR_NOT_INITIALIZED unless someone else initialised it already.
+  int count_before = 0;
+  initialized_before_gpuguard_ = fn_.cuDeviceGetCount(&count_before) == cu::CUDA_SUCCESS;
   cu::CUresult rc = fn_.cuInit(0);
   if (rc != cu::CUDA_SUCCESS) init_status_ = cu_error("cuInit", rc, GPUGUARD_WHERE);
   return init_status_;
@@ -133,6 +136,17 @@ Status CudaDriver::init() {
 bool CudaDriver::initialized() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return init_attempted_ && init_status_.ok();
+}
+
+CudaDriver::InitRecord CudaDriver::init_record() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  InitRecord r;
+  r.attempted = init_attempted_;
+  r.succeeded = init_attempted_ && init_status_.ok();
+  r.visible_set = visible_set_at_init_;
+  r.visible = visible_at_init_;
+  r.initialized_before_gpuguard = initialized_before_gpuguard_;
+  return r;
 }
 
 Result<int> CudaDriver::driver_version() {

@@ -52,6 +52,17 @@ class CudaDriver {
   Status load();
   Status init();
   bool initialized() const;
+  // What gpuguard's cuInit saw, without initialising anything: bind() compares it with the environment now.
+  struct InitRecord {
+    bool attempted = false;        // gpuguard has called cuInit
+    bool succeeded = false;
+    bool visible_set = false;      // CUDA_VISIBLE_DEVICES existed at that moment
+    std::string visible;           // and its value
+    // cuInit had already succeeded in this process (torch, another library) before gpuguard's call: the
+    // driver then froze a CUDA_VISIBLE_DEVICES that gpuguard never saw.
+    bool initialized_before_gpuguard = false;
+  };
+  InitRecord init_record() const;
 
   Result<int> driver_version();
   Result<int> device_count();
@@ -87,6 +98,7 @@ class CudaDriver {
   Status init_status_ = ok_status();
   std::string visible_at_init_;
   bool visible_set_at_init_ = false;
+  bool initialized_before_gpuguard_ = false;
   DynLib lib_;
   Functions fn_;
 };

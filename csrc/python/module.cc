@@ -4,6 +4,7 @@
 #include <torch/python.h>
 
 #include "gpuguard/cuda_driver.h"
+#include "gpuguard/visible_devices.h"
 
 namespace py = pybind11;
 
@@ -89,6 +90,58 @@ void bind_cuda_driver(py::module_& m) {
   m.def("normalize_pci_bus_id", &gpuguard::normalize_pci_bus_id);
 }
 
+// ---- binding each process to its GPU (issue: bind) ---------------------------------------------------------
+
+py::object visible_problem_to_python(const std::optional<gpuguard::VisibleDevicesProblem>& p) {
+  if (!p) return py::none();
+  py::dict out;
+  out["kind"] = gpuguard::VisibleDevices::kind_name(p->kind);
+  out["position"] = p->position;
+  out["entry"] = p->entry;
+  out["same_as"] = p->same_as >= 0 ? py::object(py::int_(p->same_as)) : py::object(py::none());
+  out["reason"] = p->reason;
+  return out;
+}
+
+void bind_binding(py::module_& m) {
+  m.def("parse_visible_devices", [](std::optional<std::string> raw) {
+    auto spec = gpuguard::parse_visible_devices(raw ? raw->c_str() : nullptr);
+    py::list entries;
+    for (const auto& e : spec.entries) {
+      py::dict d;
+      d["kind"] = gpuguard::VisibleDevices::kind_name(e.kind);
+      d["text"] = e.text;
+      d["index"] = e.kind == gpuguard::VisibleEntry::Kind::kIndex ? py::object(py::int_(e.index)) : py::object(py::none());
+      d["uuid"] = e.kind == gpuguard::VisibleEntry::Kind::kIndex ? py::object(py::none()) : py::object(py::str(e.uuid));
+      entries.append(d);
+    }
+    py::dict out;
+    out["set"] = spec.set;
+    out["raw"] = spec.set ? py::object(py::str(spec.raw)) : py::object(py::none());
+    out["entries"] = entries;
+    out["problem"] = visible_problem_to_python(spec.problem);
+    out["hides_all_on_purpose"] = spec.hides_all_on_purpose;
+    return out;
+  }, py::arg("raw"), "CUDA_VISIBLE_DEVICES parsed by the driver's rules; the first entry it would stop at.");
+
+  m.def("find_rejected_entry", [](std::optional<std::string> raw, const std::vector<std::string>& visible_uuids) {
+    auto spec = gpuguard::parse_visible_devices(raw ? raw->c_str() : nullptr);
+    return visible_problem_to_python(gpuguard::find_rejected_entry(spec, visible_uuids));
+  }, py::arg("raw"), py::arg("visible_uuids"),
+     "The entry of `raw` the driver rejected, given the UUIDs it enumerated; None when it took every entry.");
+
+  m.def("driver_init_record", [] {
+    auto r = gpuguard::CudaDriver::instance().init_record();
+    py::dict out;
+    out["attempted"] = r.attempted;
+    out["succeeded"] = r.succeeded;
+    out["visible_devices_at_init"] = r.visible_set ? py::object(py::str(r.visible)) : py::object(py::none());
+    out["initialized_before_gpuguard"] = r.initialized_before_gpuguard;
+    return out;
+  }, "What gpuguard's cuInit saw (never initialises anything).");
+}
+
+
 // ---- tensor devices (issue: tensor-device consistency) ----------------------------------------------------
 
 
@@ -106,4 +159,5 @@ void bind_cuda_driver(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
   bind_cuda_driver(m);
+  bind_binding(m);
 }

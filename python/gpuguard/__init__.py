@@ -7,30 +7,36 @@ initialisation, and a library that did so at import would freeze the wrong visib
 from __future__ import annotations
 
 from ._native import TORCH_VERSION_BUILT_FOR
+from .binding import Binding, bind, init_process_group
 from .devices import CudaStatus, Device, cuda_status, devices
 from .errors import (
     CudaStateError,
     DeviceMismatchError,
     DuplicateDeviceError,
     GpuGuardError,
+    GpuGuardWarning,
     LaunchEnvironmentError,
     RankMappingError,
     RayPlacementError,
     RayRendezvousError,
     RendezvousTimeoutError,
 )
+from .launchers import LaunchContext, detect as detect_launcher
 from .ray_placement import RayPlacement, ray_placement
 from .ray_report import PlacementReport
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Binding",
     "CudaStateError",
     "CudaStatus",
     "Device",
     "DeviceMismatchError",
     "DuplicateDeviceError",
     "GpuGuardError",
+    "GpuGuardWarning",
+    "LaunchContext",
     "LaunchEnvironmentError",
     "PlacementReport",
     "RankMappingError",
@@ -40,7 +46,10 @@ __all__ = [
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
     "__version__",
+    "bind",
     "cuda_status",
+    "detect_launcher",
     "devices",
+    "init_process_group",
     "ray_placement",
 ]

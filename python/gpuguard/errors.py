@@ -49,3 +49,7 @@ class RayPlacementError(GpuGuardError):
 
 class RayRendezvousError(GpuGuardError):
     """The group's Ray rendezvous actor could not be created or reached, or answered badly."""
+
+
+class GpuGuardWarning(UserWarning):
+    """Something is off but the run can go on (bound to the CPU for want of a GPU, ...)."""
