@@ -21,6 +21,7 @@ import numbers
 import warnings
 from typing import Any, Optional
 
+from .binding import _GROUP_RE
 from .errors import RayPlacementError
 from .ray_report import PlacementReport, read_report
 from .ray_rendezvous import current_job_id, store_actor
@@ -124,8 +125,9 @@ def ray_placement(max_colocate: int = 1, *, num_workers: int, strategy: str = "P
             or num_cpus_per_worker < 0:
         raise RayPlacementError(f"num_cpus_per_worker must be a number >= 0, got {num_cpus_per_worker!r}",
                                 num_cpus_per_worker=num_cpus_per_worker)
-    if name is not None and (not isinstance(name, str) or not name):
-        raise RayPlacementError(f"name must be a non-empty str or None, got {name!r}", name=name)
+    if name is not None and (not isinstance(name, str) or not _GROUP_RE.fullmatch(name)):
+        raise RayPlacementError(f"name={name!r}: use 1 to 128 letters, digits or '_.:/@+-' (it also names the "
+                                f"default group, the actors' GPUGUARD_GROUP), or None", name=name)
     ray = _ray()
     if not ray.is_initialized():
         raise RayPlacementError("gpuguard.ray_placement needs a running Ray: call ray.init() "
@@ -196,9 +198,9 @@ class RayPlacement:
                                     f"{self.num_workers} workers, got {rank!r}", rank=rank)
         rank = int(rank)
         group = self.default_group if group is None else group
-        if not isinstance(group, str) or not group or len(group) > 200:
-            raise RayPlacementError(f"group must be a non-empty str of at most 200 characters, got {group!r}",
-                                    group=group)
+        if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
+            raise RayPlacementError(f"group={group!r}: use 1 to 128 letters, digits or '_.:/@+-' (it becomes the "
+                                    f"actor's GPUGUARD_GROUP), e.g. group='rollout'", group=group)
         if group not in self._groups and len(self._groups) >= self.max_colocate:
             raise RayPlacementError(
                 f"placement has max_colocate={self.max_colocate}: each GPU holds {self.max_colocate} actor(s) "

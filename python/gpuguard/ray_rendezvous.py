@@ -41,90 +41,100 @@ def actor_name(group: str, job_id: str) -> str:
     return f"gpuguard:{job_id}:{group}"
 
 
-class _StoreActor:
-    """The store itself (runs inside the actor). Values are bytes; ``add`` keeps decimal text as c10d does."""
+def _store_actor_class() -> type:
+    """The store actor's class, made inside a function on purpose: Ray ships a class it cannot import by name
+    by value, so the actor's process never imports gpuguard (nor torch with it). It starts in about a second,
+    holds little memory, and needs nothing installed beyond Ray."""
 
-    def __init__(self, group: str) -> None:
-        self._group = group
-        self._data: dict[str, bytes] = {}
-        self._waiters: dict[str, asyncio.Event] = {}  # key → the event set() fires for its waiters
-        self._waiting: dict[str, int] = {}  # key → how many calls are blocked on it now
+    class _StoreActor:
+        """The store itself (runs inside the actor). Values are bytes; ``add`` keeps decimal text as c10d does."""
 
-    def _put(self, key: str, value: bytes) -> None:
-        self._data[key] = value
-        event = self._waiters.pop(key, None)
-        if event is not None:
-            event.set()
+        def __init__(self, group: str) -> None:
+            self._group = group
+            self._data: dict[str, bytes] = {}
+            self._waiters: dict[str, asyncio.Event] = {}  # key → the event set() fires for its waiters
+            self._waiting: dict[str, int] = {}  # key → how many calls are blocked on it now
 
-    async def _until_present(self, keys: list[str], timeout_s: float) -> list[str]:
-        """Waits for every key; returns those still missing when ``timeout_s`` passes (empty: all there)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
-        for key in keys:
-            while key not in self._data:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return [k for k in keys if k not in self._data]
-                event = self._waiters.setdefault(key, asyncio.Event())
-                self._waiting[key] = self._waiting.get(key, 0) + 1
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
-                finally:
-                    self._waiting[key] -= 1
-                    if not self._waiting[key]:
-                        del self._waiting[key]
-                        if self._waiters.get(key) is event:  # nobody left to wake: drop it
-                            del self._waiters[key]
-        return []
+        def _put(self, key: str, value: bytes) -> None:
+            self._data[key] = value
+            event = self._waiters.pop(key, None)
+            if event is not None:
+                event.set()
 
-    async def set(self, key: str, value: bytes) -> None:
-        self._put(key, value)
+        async def _until_present(self, keys: list[str], timeout_s: float) -> list[str]:
+            """Waits for every key; returns those still missing when ``timeout_s`` passes (empty: all there)."""
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + max(0.0, timeout_s)
+            for key in keys:
+                while key not in self._data:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        return [k for k in keys if k not in self._data]
+                    event = self._waiters.setdefault(key, asyncio.Event())
+                    self._waiting[key] = self._waiting.get(key, 0) + 1
+                    try:
+                        await asyncio.wait_for(event.wait(), remaining)
+                    except asyncio.TimeoutError:
+                        pass
+                    finally:
+                        self._waiting[key] -= 1
+                        if not self._waiting[key]:
+                            del self._waiting[key]
+                            if self._waiters.get(key) is event:  # nobody left to wake: drop it
+                                del self._waiters[key]
+            return []
 
-    async def get(self, key: str, timeout_s: float) -> Optional[bytes]:
-        """The value, or None when the key did not appear within ``timeout_s``."""
-        if await self._until_present([key], timeout_s):
-            return None
-        return self._data[key]
+        async def set(self, key: str, value: bytes) -> None:
+            self._put(key, value)
 
-    async def add(self, key: str, amount: int) -> tuple[bool, Any]:
-        """(True, new value), or (False, why) when the key holds something that is not an integer."""
-        current = self._data.get(key, b"0")
-        try:
-            value = int(current.decode("ascii")) + amount
-        except (UnicodeDecodeError, ValueError):
-            return False, f"key {key!r} holds {current[:40]!r}, not an integer counter"
-        self._put(key, str(value).encode("ascii"))
-        return True, value
+        async def get(self, key: str, timeout_s: float) -> Optional[bytes]:
+            """The value, or None when the key did not appear within ``timeout_s``."""
+            if await self._until_present([key], timeout_s):
+                return None
+            return self._data[key]
 
-    async def check(self, keys: list[str]) -> bool:
-        return all(k in self._data for k in keys)
+        async def add(self, key: str, amount: int) -> tuple[bool, Any]:
+            """(True, new value), or (False, why) when the key holds something that is not an integer."""
+            current = self._data.get(key, b"0")
+            try:
+                value = int(current.decode("ascii")) + amount
+            except (UnicodeDecodeError, ValueError):
+                return False, f"key {key!r} holds {current[:40]!r}, not an integer counter"
+            self._put(key, str(value).encode("ascii"))
+            return True, value
 
-    async def wait(self, keys: list[str], timeout_s: float) -> list[str]:
-        return await self._until_present(keys, timeout_s)
+        async def check(self, keys: list[str]) -> bool:
+            return all(k in self._data for k in keys)
 
-    async def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
-        # TCPStore's rule, including its quirk: a missing key is created only when expected is empty.
-        if key not in self._data:
-            if expected == b"":
+        async def wait(self, keys: list[str], timeout_s: float) -> list[str]:
+            return await self._until_present(keys, timeout_s)
+
+        async def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+            # TCPStore's rule, including its quirk: a missing key is created only when expected is empty.
+            if key not in self._data:
+                if expected == b"":
+                    self._put(key, desired)
+                    return desired
+                return expected
+            if self._data[key] == expected:
                 self._put(key, desired)
-                return desired
-            return expected
-        if self._data[key] == expected:
-            self._put(key, desired)
-        return self._data[key]
+            return self._data[key]
 
-    async def scan(self, prefix: str) -> dict[str, bytes]:
-        """Every key under ``prefix`` (for the driver's report; never used by the exchange itself)."""
-        return {k: v for k, v in self._data.items() if k.startswith(prefix)}
+        async def scan(self, prefix: str) -> dict[str, bytes]:
+            """Every key under ``prefix`` (for the driver's report; never used by the exchange itself)."""
+            return {k: v for k, v in self._data.items() if k.startswith(prefix)}
 
-    async def waited_keys(self) -> list[str]:
-        """Keys some caller is blocked on right now (diagnostics: who is still waiting for whom)."""
-        return sorted(self._waiting)
+        async def waited_keys(self) -> list[str]:
+            """Keys some caller is blocked on right now (diagnostics: who is still waiting for whom)."""
+            return sorted(self._waiting)
 
-    async def ping(self) -> str:
-        return self._group
+        async def ping(self) -> dict[str, Any]:
+            import os
+            import sys
+
+            return {"group": self._group, "pid": os.getpid(), "imports_torch": "torch" in sys.modules}
+
+    return _StoreActor
 
 
 _remote_class: Any = None
@@ -170,7 +180,7 @@ def store_actor(group: str, *, job_id: Optional[str] = None, create: bool = True
         except ValueError:
             return None
     if _remote_class is None:
-        _remote_class = ray.remote(_StoreActor)
+        _remote_class = ray.remote(_store_actor_class())
     return _remote_class.options(
         name=name, namespace=NAMESPACE, get_if_exists=True, lifetime=None, num_cpus=0,
         max_concurrency=_MAX_CONCURRENCY, scheduling_strategy="DEFAULT", max_restarts=0,
@@ -277,6 +287,8 @@ class RayStore:
     def waited_keys(self) -> list[str]:
         return [str(k) for k in self._call("waited_keys")]
 
-    def ping(self, timeout: float = _CALL_GRACE_S) -> None:
-        """Returns once the actor runs; raises a clear error when it cannot start in ``timeout`` seconds."""
-        self._call("ping", wait_s=max(0.0, timeout - _CALL_GRACE_S))
+    def ping(self, timeout: float = _CALL_GRACE_S) -> dict[str, Any]:
+        """Once the actor runs, its group, pid and whether it imported torch; a clear error when it cannot
+        start in ``timeout`` seconds."""
+        return dict(self._call("ping", wait_s=max(0.0, timeout - _CALL_GRACE_S)))
+

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from .ray_rendezvous import RayStore, in_ray_worker
+
+if TYPE_CHECKING:
+    from .binding import Binding
 
 BINDING_PREFIX = "gpuguard/ray/binding/"
 _MAX_ROW_BYTES = 16 << 10  # a row is a few hundred bytes; anything bigger is not ours
@@ -32,30 +34,26 @@ def gpu_share_text(fraction: Optional[float]) -> str:
     return f"{fraction:g}"
 
 
-def worker_facts() -> dict[str, Any]:
-    """What Ray says about this worker: its GPU ids and share, node, job and actor. {} outside Ray."""
+def _ray_facts() -> dict[str, Any]:
+    """Where Ray runs this worker: node, job, actor, placement group. {} outside Ray."""
     if not in_ray_worker():
         return {}
     import ray
 
     ctx = ray.get_runtime_context()
-    resources = ctx.get_assigned_resources()
-    return {
-        "ray_gpu_ids": [str(i) for i in ctx.get_accelerator_ids().get("GPU", [])],
-        "gpu_fraction": resources.get("GPU"),
-        "node_id": ctx.get_node_id(),
-        "node_ip": ray.util.get_node_ip_address(),
-        "job_id": ctx.get_job_id(),
-        "actor_id": ctx.get_actor_id(),
-        "placement_group_id": ctx.get_placement_group_id(),
-    }
+    return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "job_id": ctx.get_job_id(),
+            "actor_id": ctx.get_actor_id(), "placement_group_id": ctx.get_placement_group_id()}
 
 
-def publish_binding(group: str, rank: int, row: dict[str, Any], *, store: Optional[RayStore] = None) -> None:
-    """Puts this rank's row (``worker_facts()`` plus the binding's fields) where ``RayPlacement.report()`` reads."""
-    full = {"group": group, "rank": rank, "hostname": socket.gethostname(), "pid": os.getpid(),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **worker_facts(), **row}
-    (store or RayStore(group)).set(f"{BINDING_PREFIX}{rank}", json.dumps(full, sort_keys=True))
+def publish_binding(binding: "Binding", store: Optional[RayStore] = None) -> None:
+    """Puts this rank's row where ``RayPlacement.report()`` reads it: the group's rendezvous actor."""
+    extra = binding.extra
+    row = {"group": binding.group, "rank": binding.rank, "world_size": binding.world_size,
+           "hostname": binding.host, "pid": os.getpid(), "cuda_visible_devices": binding.cuda_visible_devices,
+           "device": str(binding.device), "uuid": binding.uuid, "pci_bus_id": binding.pci_bus_id,
+           "device_name": binding.device_name, "ray_gpu_ids": list(extra.get("ray_gpu_ids") or []),
+           "gpu_fraction": extra.get("ray_gpu_share"), **_ray_facts()}
+    (store or RayStore(binding.group)).set(f"{BINDING_PREFIX}{binding.rank}", json.dumps(row, sort_keys=True))
 
 
 @dataclass(frozen=True)

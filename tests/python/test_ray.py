@@ -45,7 +45,8 @@ def get(refs: Any, timeout: float = CALL_TIMEOUT) -> Any:
 
 def test_rendezvous_store_has_c10d_semantics_and_waiters_do_not_block_writers(cluster):
     store = RayStore("store-semantics", timeout=2)
-    store.ping(timeout=CALL_TIMEOUT)
+    # shipped by value, the store's process never imports gpuguard nor torch: it starts fast and stays small
+    assert store.ping(timeout=CALL_TIMEOUT)["imports_torch"] is False
     store.set("a", b"1")
     store.set("s", "text")  # str values are stored as UTF-8, as TCPStore does
     assert store.get("a") == b"1" and store.get("s") == b"text"
@@ -191,3 +192,69 @@ def test_ready_times_out_with_what_is_free_when_other_placements_hold_the_gpus(c
                                match=r"the placement group of 1 bundles \{'GPU': 1.0\} \(strategy 'PACK'\) was not "
                                      r"placed within 0.5 s; free now: \{'CPU': 16.0\}.*ray status"):
                 late.ready(timeout=0.5)
+
+
+# ---- bind() inside actors: placement proven in every rank ----
+
+def worker_class() -> Any:
+    """The actor class, made here so that Ray ships it by value (workers cannot import this test module)."""
+
+    class Worker:
+        def bind(self) -> dict[str, Any]:
+            import os
+
+            import gpuguard
+
+            facts: dict[str, Any] = {
+                "rank": int(os.environ["RANK"]), "group": os.environ.get("GPUGUARD_GROUP"),
+                "ray_gpu_ids": ray.get_runtime_context().get_accelerator_ids()["GPU"],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            try:
+                binding = gpuguard.bind(timeout=CALL_TIMEOUT)
+            except gpuguard.GpuGuardError as exc:
+                return {**facts, "ok": False, "error": type(exc).__name__, "message": str(exc)}
+            return {**facts, "ok": True, "uuid": binding.uuid, "device": str(binding.device),
+                    "launcher": binding.launcher, "share": binding.extra.get("ray_gpu_share"),
+                    "summary": str(binding)}
+
+    return ray.remote(Worker)
+
+
+def bind_all(actors: list[Any]) -> list[dict[str, Any]]:
+    try:
+        return get([a.bind.remote() for a in actors])
+    finally:
+        for a in actors:
+            ray.kill(a)
+
+
+def failures(results: list[dict[str, Any]]) -> str:
+    return "\n".join(f"rank {r['rank']} ({r['group']}): {r['message']}" for r in results if not r["ok"])
+
+
+def test_eight_ranks_with_max_colocate_1_get_eight_distinct_gpus_and_every_bind_passes(cluster):
+    Worker = worker_class()
+    with gpuguard.ray_placement(num_workers=8, name="solo", num_cpus_per_worker=0.5) as placement:
+        results = bind_all([Worker.options(**placement.options(r)).remote() for r in range(8)])
+        assert all(r["ok"] for r in results), failures(results)
+        report = placement.report()
+    topology_uuids = [g["uuid"] for g in cluster["gpus"]]
+    assert sorted(r["uuid"] for r in results) == sorted(topology_uuids)
+    for r in results:
+        # Ray's id N is physical GPU N: the actor sees only it, as cuda:0
+        assert r["launcher"] == "ray" and r["device"] == "cuda:0" and r["share"] == 1.0
+        assert r["cuda_visible_devices"] == r["ray_gpu_ids"][0]
+        assert r["uuid"] == topology_uuids[int(r["ray_gpu_ids"][0])]
+        assert f"rank {r['rank']}/8" in r["summary"] and "group solo" in r["summary"]
+
+    assert [row["rank"] for row in report.rows] == list(range(8)) and report.missing == {}
+    assert report.shared_gpus() == []
+    assert report.summary() == ["Ray gave the actors of group 'solo' 1 GPU each"]
+    table = str(report).splitlines()
+    assert table[0].split() == ["group", "rank", "node", "Ray", "GPU", "ids", "share", "device", "GPU", "UUID",
+                                "PCI", "bus", "id", "pid"]
+    for row, line in zip(report.rows, table[1:9]):
+        assert line.split()[:7] == ["solo", str(row["rank"]), row["node_ip"], row["ray_gpu_ids"][0], "1", "cuda:0",
+                                    row["uuid"]]
+    data = report.as_dict()
+    assert {row["uuid"] for row in data["rows"]} == set(topology_uuids) and data["shared_gpus"] == []
