@@ -258,3 +258,50 @@ def test_eight_ranks_with_max_colocate_1_get_eight_distinct_gpus_and_every_bind_
                                     row["uuid"]]
     data = report.as_dict()
     assert {row["uuid"] for row in data["rows"]} == set(topology_uuids) and data["shared_gpus"] == []
+
+
+def test_two_colocated_groups_of_eight_share_gpus_with_max_colocate_2_and_pass(cluster):
+    """verl's layout: an 'actor' and a 'rollout' rank on every GPU, half a GPU each; no group has a duplicate."""
+    Worker = worker_class()
+    with gpuguard.ray_placement(2, num_workers=8, name="verl", num_cpus_per_worker=0.5) as placement:
+        actors = [Worker.options(**placement.options(r, group=role)).remote()
+                  for role in ("actor", "rollout") for r in range(8)]
+        results = bind_all(actors)
+        assert all(r["ok"] for r in results), failures(results)
+        report = placement.report()
+    by_gpu: dict[str, list[tuple[str, int]]] = {}
+    for r in results:
+        assert r["share"] == 0.5
+        by_gpu.setdefault(r["uuid"], []).append((r["group"], r["rank"]))
+    assert len(by_gpu) == 8
+    for members in by_gpu.values():  # rank r of each role on bundle r: one actor and one rollout rank per GPU
+        assert sorted(members) == [("actor", members[0][1]), ("rollout", members[0][1])]
+
+    assert len(report.rows) == 16 and report.missing == {} and report.shared_gpus() == []
+    assert report.summary() == ["Ray gave the actors of group 'actor' 1/2 GPU each",
+                                "Ray gave the actors of group 'rollout' 1/2 GPU each"]
+    assert {(row["group"], row["rank"], row["uuid"]) for row in report.rows} == {
+        (r["group"], r["rank"], r["uuid"]) for r in results}
+
+
+def test_six_ranks_packed_by_fractional_gpus_all_stop_naming_the_ranks_per_gpu(cluster):
+    """No gpuguard placement: num_gpus=1/3 lets Ray pack three ranks of one group on each GPU."""
+    Worker = worker_class()
+    env = {"WORLD_SIZE": "6", "GPUGUARD_GROUP": "packed"}
+    actors = [Worker.options(num_gpus=1 / 3, num_cpus=0,
+                             runtime_env={"env_vars": {**env, "RANK": str(r)}}).remote() for r in range(6)]
+    results = bind_all(actors)
+    assert [r["error"] if not r["ok"] else "passed" for r in results] == ["DuplicateDeviceError"] * 6
+    messages = {r["message"] for r in results}
+    assert len(messages) == 1, "every rank must reach the same verdict"
+    message = messages.pop()
+    ranks_by_gpu: dict[str, list[int]] = {}
+    for r in results:
+        ranks_by_gpu.setdefault(r["ray_gpu_ids"][0], []).append(r["rank"])
+    assert sorted(len(v) for v in ranks_by_gpu.values()) == [3, 3]  # where Ray put them
+    uuids = [g["uuid"] for g in cluster["gpus"]]
+    for gpu_id, ranks in ranks_by_gpu.items():
+        assert uuids[int(gpu_id)] in message
+        assert f"ranks {', '.join(map(str, sorted(ranks)))}" in message
+    assert "Ray gave these actors 1/3 of a GPU each" in message
+    assert "max_colocate=1" in message
