@@ -194,6 +194,35 @@ def test_ready_times_out_with_what_is_free_when_other_placements_hold_the_gpus(c
                 late.ready(timeout=0.5)
 
 
+def test_report_tabulates_well_formed_rows_only_and_names_shared_gpus_and_absent_ranks(cluster):
+    """The rows come from the actors, so the driver checks them: malformed or misfiled rows are not shown."""
+    import json
+
+    from gpuguard.ray_report import BINDING_PREFIX
+
+    with gpuguard.ray_placement(num_workers=4, name="rows", num_cpus_per_worker=0) as placement:
+        placement.options(0)  # the group exists once an actor of it is placed
+        store = RayStore("rows")
+        row = {"group": "rows", "rank": 0, "node_ip": "10.0.0.7", "ray_gpu_ids": ["3"], "gpu_fraction": 1.0,
+               "device": "cuda:0", "uuid": "GPU-aaaa", "pci_bus_id": "0000:18:00.0", "pid": 11}
+        store.set(f"{BINDING_PREFIX}0", json.dumps(row))
+        store.set(f"{BINDING_PREFIX}1", json.dumps({**row, "rank": 1, "ray_gpu_ids": ["3"], "pid": 12}))
+        store.set(f"{BINDING_PREFIX}2", b"\xff not json")
+        store.set(f"{BINDING_PREFIX}3", json.dumps({**row, "rank": 9}))  # filed under another rank's key
+        report = placement.report()
+    assert [r["rank"] for r in report.rows] == [0, 1]
+    assert report.missing == {"rows": [2, 3]}
+    assert report.shared_gpus() == [{"group": "rows", "uuid": "GPU-aaaa", "ranks": [0, 1]}]
+    assert report.summary() == [
+        "Ray gave the actors of group 'rows' 1 GPU each",
+        "group 'rows': ranks 0, 1 share GPU GPU-aaaa: NCCL refuses that; use max_colocate=1",
+        "group 'rows': ranks 2-3 have not called gpuguard.bind() yet"]
+    lines = str(report).splitlines()
+    assert lines[1].split() == ["rows", "0", "10.0.0.7", "3", "1", "cuda:0", "GPU-aaaa", "0000:18:00.0", "11"]
+    with pytest.raises(gpuguard.RayPlacementError, match="this placement was removed"):
+        placement.report()
+
+
 # ---- bind() inside actors: placement proven in every rank ----
 
 def worker_class() -> Any:
