@@ -44,6 +44,19 @@ Result<DynLib> DynLib::open_first(const std::vector<std::string>& candidates, co
   return err;
 }
 
+DynLib DynLib::already_loaded(const std::string& name) {
+  DynLib lib;
+  dlerror();
+  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (handle != nullptr) {
+    lib.handle_ = handle;
+    lib.path_ = name;
+  } else {
+    dlerror();  // clear: not being loaded yet is not an error
+  }
+  return lib;
+}
+
 std::string DynLib::loaded_from() const {
   if (handle_ == nullptr) return {};
   struct link_map* map = nullptr;

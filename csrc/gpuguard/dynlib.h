@@ -20,6 +20,8 @@ class DynLib {
 
   // Tries each candidate in order; the error lists what every attempt said.
   static Result<DynLib> open_first(const std::vector<std::string>& candidates, const std::string& what);
+  // The copy of `name` this process has already loaded (dlopen RTLD_NOLOAD), or a closed DynLib if none.
+  static DynLib already_loaded(const std::string& name);
 
   bool is_open() const { return handle_ != nullptr; }
   const std::string& path() const { return path_; }

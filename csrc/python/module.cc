@@ -5,6 +5,8 @@
 
 #include "gpuguard/cuda_driver.h"
 #include "gpuguard/visible_devices.h"
+#include "gpuguard/identity.h"
+#include "gpuguard/nccl.h"
 
 namespace py = pybind11;
 
@@ -150,6 +152,73 @@ void bind_binding(py::module_& m) {
 
 // ---- NCCL (issue: duplicate-device detection, verify_nccl) ------------------------------------------------
 
+void bind_nccl(py::module_& m) {
+  m.def("nccl_status", [] {
+    gpuguard::NcclStatus st;
+    {
+      py::gil_scoped_release nogil;
+      st = gpuguard::Nccl::instance().status();
+    }
+    py::dict out;
+    out["loaded"] = st.loaded;
+    out["already_in_process"] = st.already_in_process;
+    out["library"] = st.library;
+    out["version"] = st.version;
+    out["version_string"] = st.version_string;
+    out["reason"] = st.reason;
+    return out;
+  }, "Loads NCCL (the copy already in the process first; $GPUGUARD_LIBNCCL overrides) and says what it is.");
+
+  m.def("nccl_library_candidates", &gpuguard::Nccl::library_candidates);
+
+  m.def("nccl_unique_id", []() -> py::bytes {
+    gpuguard::Result<gpuguard::NcclUniqueId> id = gpuguard::Error{};
+    {
+      py::gil_scoped_release nogil;
+      id = gpuguard::Nccl::instance().unique_id();
+    }
+    if (!id) throw std::runtime_error(id.error().message());
+    return py::bytes(id.value().data(), id.value().size());
+  }, "ncclGetUniqueId: 128 bytes for rank 0 to publish to the others.");
+
+  m.def("nccl_probe", [](int nranks, int rank, py::bytes unique_id, int device, double timeout_s, bool all_reduce) {
+    std::string id = unique_id;
+    if (id.size() != gpuguard::nccl::kUniqueIdBytes) {
+      throw py::value_error("an NCCL unique id is " + std::to_string(gpuguard::nccl::kUniqueIdBytes) + " bytes, not " +
+                            std::to_string(id.size()));
+    }
+    gpuguard::NcclProbeOptions o;
+    o.nranks = nranks;
+    o.rank = rank;
+    std::copy(id.begin(), id.end(), o.unique_id.begin());
+    o.device = device;
+    o.timeout_s = timeout_s;
+    o.all_reduce = all_reduce;
+    gpuguard::NcclProbeOutcome out;
+    {
+      py::gil_scoped_release nogil;
+      out = gpuguard::run_nccl_probe(o);
+    }
+    py::dict d;
+    d["verdict"] = out.verdict_name();
+    d["ok"] = out.ok();
+    d["stage"] = out.stage;
+    d["error"] = out.ok() ? py::object(py::none()) : py::object(error_to_dict(out.error));
+    d["last_error"] = out.last_error;
+    d["aborted"] = out.aborted;
+    d["elapsed_s"] = out.elapsed_s;
+    d["init_s"] = out.init_s;
+    d["all_reduce_result"] = out.all_reduce_result;
+    d["nccl_version"] = out.nccl_version;
+    d["library"] = out.library;
+    return d;
+  }, py::arg("nranks"), py::arg("rank"), py::arg("unique_id"), py::arg("device"), py::arg("timeout_s"),
+     py::arg("all_reduce") = false,
+     "One rank's part in forming an NCCL communicator (non-blocking init under a deadline, abort on timeout) "
+     "and, with all_reduce=True, one small float32 sum checked for the right result. Never raises for NCCL "
+     "failures: the dict says what happened (verdict 'ok' | 'failed' | 'timed out', stage, error, last_error).");
+}
+
 
 // ---- diagnostics (issue: doctor/explain) ------------------------------------------------------------------
 
@@ -160,4 +229,5 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
   bind_cuda_driver(m);
   bind_binding(m);
+  bind_nccl(m);
 }

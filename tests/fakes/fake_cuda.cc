@@ -305,6 +305,20 @@ __attribute__((visibility("default"))) int cuCtxSetCurrent(void* context) {
   return kSuccess;
 }
 
+// Which device the current context belongs to: the fake NCCL asks this, as real NCCL asks the runtime.
+__attribute__((visibility("default"))) int cuCtxGetCurrent(void** context) {
+  if (context == nullptr) return kInvalidValue;
+  *context = current_device < 0 ? nullptr : context_for(current_device);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int cuCtxGetDevice(int* device) {
+  if (device == nullptr) return kInvalidValue;
+  if (current_device < 0) return kInvalidContext;
+  *device = current_device;
+  return kSuccess;
+}
+
 __attribute__((visibility("default"))) int cuCtxSynchronize() {
   return current_device < 0 ? kInvalidContext : kSuccess;
 }

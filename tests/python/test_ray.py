@@ -328,9 +328,11 @@ def test_six_ranks_packed_by_fractional_gpus_all_stop_naming_the_ranks_per_gpu(c
     for r in results:
         ranks_by_gpu.setdefault(r["ray_gpu_ids"][0], []).append(r["rank"])
     assert sorted(len(v) for v in ranks_by_gpu.values()) == [3, 3]  # where Ray put them
-    uuids = [g["uuid"] for g in cluster["gpus"]]
     for gpu_id, ranks in ranks_by_gpu.items():
-        assert uuids[int(gpu_id)] in message
-        assert f"ranks {', '.join(map(str, sorted(ranks)))}" in message
-    assert "Ray gave these actors 1/3 of a GPU each" in message
-    assert "max_colocate=1" in message
+        gpu = cluster["gpus"][int(gpu_id)]
+        a, b, c = sorted(ranks)
+        assert f"GPU {gpu['uuid']} (PCI {gpu['pci_bus_id']}) is shared by ranks {a}, {b} and {c}:" in message
+    assert message.startswith("6 ranks of group 'packed' share 2 GPUs.")
+    assert "Likely cause: Ray gave these actors 1/3 of a GPU each (num_gpus=1/3), so it packed 3 ranks of " \
+           "group 'packed' onto one GPU" in message
+    assert "Fix: give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1)" in message

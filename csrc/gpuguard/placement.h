@@ -1,0 +1,63 @@
+// Duplicate-device detection over identity records: which ranks of one group share a GPU, the likely
+// cause, the fix, and the report every rank raises. No torch, no CUDA (the fuzz target links it bare).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpuguard/identity.h"
+
+namespace gpuguard {
+
+// What the analysis knows beyond the records it is given. The cross-rank exchange hands over a bounded
+// sample (the ranks on shared devices, capped), so the true totals come separately; when a total is
+// missing it is counted from the records.
+struct PlacementContext {
+  std::map<std::string, int> device_rank_totals;  // GPU UUID -> ranks of the group on it
+  std::map<std::uint64_t, int> host_rank_totals;  // host hash -> ranks of the group on that host
+  int shared_devices_total = -1;                  // shared devices in the job; -1: count from records
+};
+
+// Machine-readable causes (stable names; tests and `gpuguard explain` use them).
+enum class PlacementCause {
+  kSameVisibleDevices,    // every rank on the device was given one CUDA_VISIBLE_DEVICES value
+  kAllOnDeviceZero,       // ranks sit on cuda:0 of a host that shows more GPUs: set_device missing
+  kMoreRanksThanGpus,     // more ranks on a host than it has GPUs
+  kFractionalRayGpus,     // Ray actors given a fraction of a GPU (max_colocate > 1)
+  kGlobalRankAsLocal,     // local rank equals the global rank past the first node
+  kContainersShareGpu,    // different hosts (hostnames) report the same GPU UUID
+};
+const char* placement_cause_name(PlacementCause cause);
+
+struct SharedDevice {
+  std::string group;
+  std::string gpu_uuid;
+  std::string pci_bus_id;
+  int total_ranks = 0;                 // may exceed ranks.size() when the exchange capped the sample
+  std::vector<IdentityRecord> ranks;   // sorted by rank
+  std::vector<PlacementCause> causes;
+  bool warning_only = false;           // every rank on it set NCCL_MULTI_RANK_GPU_ENABLE=1
+};
+
+struct PlacementReport {
+  enum class Severity { kOk, kWarning, kError };
+  Severity severity = Severity::kOk;
+  std::vector<SharedDevice> shared;    // ordered by lowest rank
+  int shared_devices_total = 0;
+  std::vector<PlacementCause> causes;  // union over the shared devices, in order of first appearance
+  std::string message;                 // the full report; empty when severity is kOk
+
+  const char* severity_name() const;
+};
+
+// Groups records by (group, GPU UUID); sharing across different groups is allowed and not reported.
+// Records without a GPU, or with a failure, take no part.
+PlacementReport analyze_placement(const std::vector<IdentityRecord>& records, const PlacementContext& context = {});
+
+// How many devices and ranks per device the report lists before summarising the rest.
+constexpr int kReportMaxDevices = 16;
+constexpr int kReportMaxRanksPerDevice = 16;
+
+}  // namespace gpuguard

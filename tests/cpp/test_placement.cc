@@ -1,0 +1,193 @@
+// Duplicate-device detection: who shares, which cause the report names, and the report's text.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gpuguard/placement.h"
+
+namespace {
+
+using gpuguard::IdentityRecord;
+using gpuguard::PlacementCause;
+using gpuguard::PlacementReport;
+
+const char* kUuid[] = {"GPU-5a6b7c00-0000-4000-8000-1f2e3d4c5b60", "GPU-5a6b8d11-0001-4001-8001-1f2e3d4c5b61",
+                       "GPU-5a6b9e22-0002-4002-8002-1f2e3d4c5b62", "GPU-5a6baf33-0003-4003-8003-1f2e3d4c5b63"};
+const char* kPci[] = {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0"};
+
+IdentityRecord rank_on(int rank, int world, int physical_gpu, int gpu_index, int visible_count,
+                       const std::string& host = "node-a") {
+  IdentityRecord r;
+  r.rank = rank;
+  r.world_size = world;
+  r.local_rank = rank;
+  r.hostname = host;
+  r.host_hash = gpuguard::nccl_string_hash(host);
+  r.gpu_uuid = kUuid[physical_gpu];
+  r.pci_bus_id = kPci[physical_gpu];
+  r.gpu_index = gpu_index;
+  r.visible_device_count = visible_count;
+  r.pid = 1000 + static_cast<std::uint32_t>(rank);
+  r.launcher = "torchrun";
+  return r;
+}
+
+bool has_cause(const PlacementReport& r, PlacementCause c) {
+  return std::find(r.causes.begin(), r.causes.end(), c) != r.causes.end();
+}
+
+#define EXPECT_IN(needle, haystack) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+
+}  // namespace
+
+TEST(Placement, DistinctGpusPass) {
+  std::vector<IdentityRecord> rs;
+  for (int i = 0; i < 4; ++i) rs.push_back(rank_on(i, 4, i, i, 4));
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_EQ(report.severity, PlacementReport::Severity::kOk);
+  EXPECT_TRUE(report.message.empty());
+  EXPECT_TRUE(report.shared.empty());
+}
+
+TEST(Placement, DifferentGroupsMayShareAGpu) {
+  auto actor = rank_on(0, 1, 0, 0, 1);
+  actor.group = "actor";
+  auto critic = rank_on(0, 1, 0, 0, 1);
+  critic.group = "critic";
+  EXPECT_EQ(gpuguard::analyze_placement({actor, critic}).severity, PlacementReport::Severity::kOk);
+}
+
+TEST(Placement, TwoProcessesOnAOneGpuHost) {
+  auto report = gpuguard::analyze_placement({rank_on(0, 2, 0, 0, 1), rank_on(1, 2, 0, 0, 1)});
+  ASSERT_EQ(report.severity, PlacementReport::Severity::kError);
+  ASSERT_EQ(report.shared.size(), 1u);
+  EXPECT_EQ(report.shared[0].total_ranks, 2);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kMoreRanksThanGpus));
+  EXPECT_FALSE(has_cause(report, PlacementCause::kAllOnDeviceZero));
+  const std::string& m = report.message;
+  EXPECT_IN("2 ranks of group 'default' share 1 GPU.", m);
+  EXPECT_IN("GPU GPU-5a6b7c00-0000-4000-8000-1f2e3d4c5b60 (PCI 0000:18:00.0) is shared by ranks 0 and 1:", m);
+  EXPECT_IN("rank 0: host node-a, cuda:0, local rank 0, pid 1000, CUDA_VISIBLE_DEVICES unset, launcher torchrun", m);
+  EXPECT_IN("rank 1: host node-a, cuda:0, local rank 1, pid 1001", m);
+  EXPECT_IN("Likely cause: 2 processes on a host with 1 GPU (node-a runs 2 ranks of group 'default' and shows 1 GPU)", m);
+  EXPECT_IN("Fix: start at most 1 process on node-a (torchrun --nproc_per_node=1)", m);
+  EXPECT_IN("Duplicate GPU detected", m);
+}
+
+TEST(Placement, OneVisibleDevicesValueForEveryRank) {
+  std::vector<IdentityRecord> rs;
+  for (int i = 0; i < 4; ++i) {
+    auto r = rank_on(i, 4, 0, 0, 1);
+    r.cuda_visible_devices = "0";
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  ASSERT_EQ(report.severity, PlacementReport::Severity::kError);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kSameVisibleDevices));
+  EXPECT_FALSE(has_cause(report, PlacementCause::kMoreRanksThanGpus));  // the host may well have 8 GPUs
+  EXPECT_IN("shared by ranks 0, 1, 2 and 3:", report.message);
+  EXPECT_IN("Likely cause: every rank on it was given CUDA_VISIBLE_DEVICES=0", report.message);
+  EXPECT_IN("CUDA_VISIBLE_DEVICES=$LOCAL_RANK", report.message);
+}
+
+TEST(Placement, EveryRankOnDeviceZeroOfAnEightGpuHost) {
+  std::vector<IdentityRecord> rs;
+  for (int i = 0; i < 3; ++i) rs.push_back(rank_on(i, 3, 0, 0, 8));
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kAllOnDeviceZero));
+  EXPECT_FALSE(has_cause(report, PlacementCause::kMoreRanksThanGpus));
+  EXPECT_IN("every rank on it uses cuda:0 although node-a shows 8 GPUs", report.message);
+  EXPECT_IN("torch.cuda.set_device(local_rank)", report.message);
+}
+
+TEST(Placement, FractionalRayGpusRecommendMaxColocateOne) {
+  std::vector<IdentityRecord> rs;
+  for (int i = 0; i < 3; ++i) {
+    auto r = rank_on(i, 3, 2, 0, 1);
+    r.launcher = "ray";
+    r.cuda_visible_devices = "2";
+    r.gpu_fraction = 1.0 / 3.0;
+    r.ray_gpu_ids = "['2']";
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kFractionalRayGpus));
+  EXPECT_FALSE(has_cause(report, PlacementCause::kSameVisibleDevices));  // Ray set it; the fraction is why
+  EXPECT_IN("Ray gave these actors 1/3 of a GPU each (num_gpus=1/3), so it packed 3 ranks of group 'default' onto one GPU (Ray GPU ids ['2'])", report.message);
+  EXPECT_IN("max_colocate=1", report.message);
+  EXPECT_IN("Ray num_gpus=1/3", report.message);
+}
+
+TEST(Placement, GlobalRankUsedAsLocalRankOnTheSecondNode) {
+  // Node b (2 GPUs) runs ranks 2 and 3 of 4 with LOCAL_RANK=$RANK; clamping put both on its last GPU.
+  auto a = rank_on(2, 4, 3, 1, 2, "node-b");
+  auto b = rank_on(3, 4, 3, 1, 2, "node-b");
+  auto report = gpuguard::analyze_placement({rank_on(0, 4, 0, 0, 2), rank_on(1, 4, 1, 1, 2), a, b});
+  EXPECT_TRUE(has_cause(report, PlacementCause::kGlobalRankAsLocal));
+  EXPECT_IN("on node-b, ranks 2 and 3 have a local rank equal to their global rank, but that host shows 2 GPUs", report.message);
+  EXPECT_IN("never the global RANK", report.message);
+}
+
+TEST(Placement, ContainersWithDifferentHostnamesOnOneGpu) {
+  auto report = gpuguard::analyze_placement({rank_on(0, 2, 0, 0, 1, "pod-a"), rank_on(1, 2, 0, 0, 1, "pod-b")});
+  ASSERT_EQ(report.severity, PlacementReport::Severity::kError);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kContainersShareGpu));
+  EXPECT_IN("report different hosts (pod-a, pod-b) but the same GPU", report.message);
+}
+
+TEST(Placement, MultiRankGpuModeMakesItAWarning) {
+  auto a = rank_on(0, 2, 0, 0, 1);
+  auto b = rank_on(1, 2, 0, 0, 1);
+  a.multi_rank_gpu_enabled = b.multi_rank_gpu_enabled = true;
+  auto report = gpuguard::analyze_placement({a, b});
+  EXPECT_EQ(report.severity, PlacementReport::Severity::kWarning);
+  EXPECT_IN("NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved", report.message);
+  b.multi_rank_gpu_enabled = false;  // one rank without it: NCCL refuses, so gpuguard does too
+  EXPECT_EQ(gpuguard::analyze_placement({a, b}).severity, PlacementReport::Severity::kError);
+}
+
+TEST(Placement, FailedAndGpulessRanksTakeNoPart) {
+  auto failed = rank_on(1, 3, 0, 0, 1);
+  failed.failure_kind = "RankMappingError";
+  IdentityRecord cpu;
+  cpu.rank = 2;
+  cpu.world_size = 3;
+  auto report = gpuguard::analyze_placement({rank_on(0, 3, 0, 0, 1), failed, cpu});
+  EXPECT_EQ(report.severity, PlacementReport::Severity::kOk);
+}
+
+TEST(Placement, ReportOfAThousandRanksIsBounded) {
+  // 128 hosts x 8 GPUs, every rank on cuda:0 of its host: 128 shared GPUs of 8 ranks each.
+  std::vector<IdentityRecord> rs;
+  for (int rank = 0; rank < 1024; ++rank) {
+    std::string host = "node-" + std::to_string(rank / 8);
+    auto r = rank_on(rank, 1024, 0, 0, 8, host);
+    r.local_rank = rank % 8;
+    r.local_world_size = 8;
+    r.gpu_uuid = "GPU-" + std::to_string(10000000 + rank / 8) + "-0000-4000-8000-000000000000";
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_EQ(report.shared_devices_total, 128);
+  EXPECT_IN("1024 ranks of group 'default' share 128 GPUs.", report.message);
+  EXPECT_IN("... and 112 more shared GPUs", report.message);
+  EXPECT_IN("(the same on 127 other shared GPUs)", report.message);
+  EXPECT_LT(report.message.size(), 20000u);
+}
+
+TEST(Placement, SampleWithTotalsSaysHowManyRanksInAll) {
+  std::vector<IdentityRecord> rs;
+  for (int i = 0; i < 16; ++i) rs.push_back(rank_on(i, 40, 0, 0, 1));
+  gpuguard::PlacementContext ctx;
+  ctx.device_rank_totals[kUuid[0]] = 40;
+  ctx.host_rank_totals[rs[0].host_hash] = 40;
+  ctx.shared_devices_total = 3;
+  auto report = gpuguard::analyze_placement(rs, ctx);
+  EXPECT_EQ(report.shared[0].total_ranks, 40);
+  EXPECT_IN("(40 ranks in all)", report.message);
+  EXPECT_IN("... and 24 more ranks", report.message);
+  EXPECT_IN("... and 2 more shared GPUs", report.message);
+  EXPECT_IN("40 processes on a host with 1 GPU", report.message);
+}
