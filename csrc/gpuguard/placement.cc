@@ -89,6 +89,8 @@ class Analyzer {
     for (const auto& f : found) any_error = any_error || !f.first.warning_only;
     report.severity = any_error ? PlacementReport::Severity::kError : PlacementReport::Severity::kWarning;
     report.shared_devices_total = std::max(static_cast<int>(found.size()), ctx_.shared_devices_total);
+    for (const auto& f : found) report.ranks_sharing_total += f.first.total_ranks;
+    report.ranks_sharing_total = std::max(report.ranks_sharing_total, ctx_.ranks_sharing_total);
     for (const auto& f : found) {
       for (auto c : f.first.causes) {
         if (std::find(report.causes.begin(), report.causes.end(), c) == report.causes.end()) report.causes.push_back(c);
@@ -233,8 +235,7 @@ class Analyzer {
 
   std::string write(const std::vector<std::pair<SharedDevice, std::vector<CauseText>>>& found,
                     const PlacementReport& report) const {
-    int ranks_sharing = 0;
-    for (const auto& f : found) ranks_sharing += f.first.total_ranks;
+    const int ranks_sharing = report.ranks_sharing_total;
     std::set<std::string> groups;
     for (const auto& f : found) groups.insert(f.first.group);
     std::string group_text;

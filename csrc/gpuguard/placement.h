@@ -18,6 +18,7 @@ struct PlacementContext {
   std::map<std::string, int> device_rank_totals;  // GPU UUID -> ranks of the group on it
   std::map<std::uint64_t, int> host_rank_totals;  // host hash -> ranks of the group on that host
   int shared_devices_total = -1;                  // shared devices in the job; -1: count from records
+  int ranks_sharing_total = -1;                   // ranks on shared devices in the job; -1: count
 };
 
 // Machine-readable causes (stable names; tests and `gpuguard explain` use them).
@@ -46,6 +47,7 @@ struct PlacementReport {
   Severity severity = Severity::kOk;
   std::vector<SharedDevice> shared;    // ordered by lowest rank
   int shared_devices_total = 0;
+  int ranks_sharing_total = 0;
   std::vector<PlacementCause> causes;  // union over the shared devices, in order of first appearance
   std::string message;                 // the full report; empty when severity is kOk
 

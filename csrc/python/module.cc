@@ -1,12 +1,16 @@
 // gpuguard._C: pybind11 bindings over the C++ core, and nothing else. The public API is python/gpuguard/.
+#include <algorithm>
+#include <map>
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
 #include "gpuguard/cuda_driver.h"
-#include "gpuguard/visible_devices.h"
 #include "gpuguard/identity.h"
 #include "gpuguard/nccl.h"
+#include "gpuguard/placement.h"
+#include "gpuguard/visible_devices.h"
 
 namespace py = pybind11;
 
@@ -149,6 +153,149 @@ void bind_binding(py::module_& m) {
 
 // ---- identity records and placement (issue: duplicate-device detection) -----------------------------------
 
+// Records cross the Python boundary as dicts with the field names of gpuguard::IdentityRecord.
+gpuguard::IdentityRecord record_from_dict(const py::dict& d) {
+  gpuguard::IdentityRecord r;
+  auto get = [&](const char* key) -> py::object { return d.contains(key) ? py::object(d[key]) : py::object(py::none()); };
+  auto text = [&](const char* key, std::string& out) {
+    py::object v = get(key);
+    if (!v.is_none()) out = v.cast<std::string>();
+  };
+  auto integer = [&](const char* key, auto& out) {
+    py::object v = get(key);
+    if (!v.is_none()) out = v.cast<std::remove_reference_t<decltype(out)>>();
+  };
+  for (auto item : d) {
+    static const char* known[] = {"group", "rank", "local_rank", "world_size", "local_world_size", "host_hash",
+                                  "hostname", "gpu_uuid", "pci_bus_id", "gpu_index", "pid", "cuda_visible_devices",
+                                  "visible_device_count", "launcher", "multi_rank_gpu_enabled", "failure_kind",
+                                  "failure_text", "gpu_fraction", "ray_gpu_ids"};
+    std::string key = py::str(item.first);
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known)) {
+      throw py::value_error("unknown identity field '" + key + "'");
+    }
+  }
+  text("group", r.group);
+  integer("rank", r.rank);
+  integer("local_rank", r.local_rank);
+  integer("world_size", r.world_size);
+  integer("local_world_size", r.local_world_size);
+  integer("host_hash", r.host_hash);
+  text("hostname", r.hostname);
+  text("gpu_uuid", r.gpu_uuid);
+  text("pci_bus_id", r.pci_bus_id);
+  integer("gpu_index", r.gpu_index);
+  integer("pid", r.pid);
+  if (!get("cuda_visible_devices").is_none()) r.cuda_visible_devices = get("cuda_visible_devices").cast<std::string>();
+  integer("visible_device_count", r.visible_device_count);
+  text("launcher", r.launcher);
+  if (!get("multi_rank_gpu_enabled").is_none()) r.multi_rank_gpu_enabled = get("multi_rank_gpu_enabled").cast<bool>();
+  if (!get("failure_kind").is_none()) r.failure_kind = get("failure_kind").cast<std::string>();
+  text("failure_text", r.failure_text);
+  if (!get("gpu_fraction").is_none()) r.gpu_fraction = get("gpu_fraction").cast<double>();
+  text("ray_gpu_ids", r.ray_gpu_ids);
+  return r;
+}
+
+py::dict record_to_dict(const gpuguard::IdentityRecord& r) {
+  py::dict d;
+  d["group"] = r.group;
+  d["rank"] = r.rank;
+  d["local_rank"] = r.local_rank;
+  d["world_size"] = r.world_size;
+  d["local_world_size"] = r.local_world_size;
+  d["host_hash"] = r.host_hash;
+  d["hostname"] = r.hostname;
+  d["gpu_uuid"] = r.gpu_uuid;
+  d["pci_bus_id"] = r.pci_bus_id;
+  d["gpu_index"] = r.gpu_index;
+  d["pid"] = r.pid;
+  d["cuda_visible_devices"] = r.cuda_visible_devices ? py::object(py::str(*r.cuda_visible_devices)) : py::object(py::none());
+  d["visible_device_count"] = r.visible_device_count;
+  d["launcher"] = r.launcher;
+  d["multi_rank_gpu_enabled"] = r.multi_rank_gpu_enabled;
+  d["failure_kind"] = r.failure_kind ? py::object(py::str(*r.failure_kind)) : py::object(py::none());
+  d["failure_text"] = r.failure_text;
+  d["gpu_fraction"] = r.gpu_fraction ? py::object(py::float_(*r.gpu_fraction)) : py::object(py::none());
+  d["ray_gpu_ids"] = r.ray_gpu_ids;
+  return d;
+}
+
+void bind_identity_placement(py::module_& m) {
+  m.def("host_fingerprint", [] {
+    auto fp = gpuguard::host_fingerprint();
+    py::dict d;
+    d["hostname"] = fp.hostname;
+    d["hash"] = fp.hash;
+    d["from_nccl_hostid"] = fp.from_nccl_hostid;
+    return d;
+  }, "This host as NCCL identifies it: hostname + boot id (or $NCCL_HOSTID), hashed with NCCL's DJB2a.");
+
+  m.def("encode_identity", [](const py::dict& fields) {
+    auto bytes = gpuguard::encode_identity(record_from_dict(fields));
+    if (!bytes) throw py::value_error(bytes.error().message());
+    return py::bytes(bytes.value());
+  }, "Encodes an identity record (dict of IdentityRecord fields); ValueError naming the bad field.");
+
+  m.def("decode_identity", [](const py::bytes& data) {
+    auto r = gpuguard::decode_identity(std::string_view(data));
+    if (!r) throw py::value_error(r.error().message());
+    return record_to_dict(r.value());
+  }, "Strictly decodes a peer's identity record; ValueError saying what is malformed.");
+
+  m.def("analyze_placement",
+        [](const std::vector<py::bytes>& encoded, const std::map<std::string, int>& device_rank_totals,
+           const std::map<std::uint64_t, int>& host_rank_totals, int shared_devices_total, int ranks_sharing_total) {
+          std::vector<gpuguard::IdentityRecord> records;
+          records.reserve(encoded.size());
+          for (std::size_t i = 0; i < encoded.size(); ++i) {
+            auto r = gpuguard::decode_identity(std::string_view(encoded[i]));
+            if (!r) throw py::value_error("record " + std::to_string(i) + ": " + r.error().message());
+            records.push_back(std::move(r).value());
+          }
+          gpuguard::PlacementContext ctx;
+          ctx.device_rank_totals = device_rank_totals;
+          ctx.host_rank_totals = host_rank_totals;
+          ctx.shared_devices_total = shared_devices_total;
+          ctx.ranks_sharing_total = ranks_sharing_total;
+          auto report = gpuguard::analyze_placement(records, ctx);
+          py::dict out;
+          out["severity"] = report.severity_name();
+          out["message"] = report.message;
+          out["shared_devices_total"] = report.shared_devices_total;
+          out["ranks_sharing_total"] = report.ranks_sharing_total;
+          py::list causes;
+          for (auto c : report.causes) causes.append(gpuguard::placement_cause_name(c));
+          out["causes"] = causes;
+          py::list shared;
+          for (const auto& d : report.shared) {
+            py::dict sd;
+            sd["group"] = d.group;
+            sd["gpu_uuid"] = d.gpu_uuid;
+            sd["pci_bus_id"] = d.pci_bus_id;
+            sd["total_ranks"] = d.total_ranks;
+            sd["warning_only"] = d.warning_only;
+            py::list ranks, hosts;
+            for (const auto& r : d.ranks) {
+              ranks.append(r.rank);
+              hosts.append(r.hostname);
+            }
+            sd["ranks"] = ranks;
+            sd["hosts"] = hosts;
+            py::list dc;
+            for (auto c : d.causes) dc.append(gpuguard::placement_cause_name(c));
+            sd["causes"] = dc;
+            shared.append(sd);
+          }
+          out["shared"] = shared;
+          return out;
+        },
+        py::arg("records"), py::arg("device_rank_totals") = std::map<std::string, int>{},
+        py::arg("host_rank_totals") = std::map<std::uint64_t, int>{}, py::arg("shared_devices_total") = -1,
+        py::arg("ranks_sharing_total") = -1,
+        "Duplicate-device analysis over encoded identity records (a sample with true totals, or all of them).");
+}
+
 
 // ---- NCCL (issue: duplicate-device detection, verify_nccl) ------------------------------------------------
 
@@ -228,6 +375,7 @@ void bind_nccl(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
   bind_cuda_driver(m);
-  bind_binding(m);
+  bind_identity_placement(m);
   bind_nccl(m);
+  bind_binding(m);
 }

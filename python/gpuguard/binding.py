@@ -72,9 +72,10 @@ class Binding:
         else:
             where = f"cpu ({self.chosen_by})"
         visible = ("unset" if self.cuda_visible_devices is None else repr(self.cuda_visible_devices))
+        # "(no launcher variables: ...)" and the like explain themselves; a variable name needs "from"
+        source = "" if self.local_rank_source.startswith("(") else f", local rank from {self.local_rank_source}"
         return (f"gpuguard: rank {self.rank}/{self.world_size} local {self.local_rank}/{lws}{node}{group} "
-                f"-> {where} on {self.host} [{self.launcher}, local rank from {self.local_rank_source}, "
-                f"CUDA_VISIBLE_DEVICES={visible}]")
+                f"-> {where} on {self.host} [{self.launcher}{source}, CUDA_VISIBLE_DEVICES={visible}]")
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: for logs, reports and tests."""
@@ -89,9 +90,14 @@ class Binding:
         }
 
 
-def _group_name(group: str, context: LaunchContext) -> str:
+def _check_arguments(group: str, timeout: float) -> None:
     if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
         raise ValueError(f"group={group!r}: use 1 to 128 letters, digits or '_.:/@+-', e.g. group='rollout'")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout={timeout!r}: give the seconds to wait, a positive number")
+
+
+def _group_name(group: str, context: LaunchContext) -> str:
     # an explicit group wins; the default yields to GPUGUARD_GROUP from the launcher's environment
     return context.group if group == "default" and context.group else group
 
@@ -169,8 +175,7 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
     visibility); all are GpuGuardError.
     """
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout={timeout!r}: give the seconds to wait, a positive number")
+    _check_arguments(group, timeout)
     context = detect()
     group = _group_name(group, context)
     binding: Optional[Binding] = None

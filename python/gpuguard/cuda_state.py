@@ -47,8 +47,22 @@ def earlier_initialisation(record_before: Mapping[str, Any], record_after: Mappi
     return None
 
 
+# CUDA_VISIBLE_DEVICES value -> what a fresh process saw with it: repeated bind() calls pay once
+_fresh_by_visibility: dict[Optional[str], list[str]] = {}
+
+
 def enumerate_in_child(timeout: float) -> Optional[list[str]]:
     """The device UUIDs a fresh process sees under the current environment; None if it could not tell."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible in _fresh_by_visibility:
+        return list(_fresh_by_visibility[visible])
+    found = _run_child(timeout)
+    if found is not None:
+        _fresh_by_visibility[visible] = list(found)
+    return found
+
+
+def _run_child(timeout: float) -> Optional[list[str]]:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

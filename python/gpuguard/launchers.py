@@ -383,6 +383,12 @@ class EnvLauncher(_VariableLauncher):
     def present(self, env: Mapping[str, str]) -> bool:
         return any(v in env for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
 
+    def read(self, env: Mapping[str, str]) -> Reading:
+        reading = super().read(env)
+        if reading.values.get("world_size") == 1 and "local_rank" not in reading.values:
+            reading.put("local_rank", 0, "(implied: WORLD_SIZE=1)")  # leftover RANK=0 WORLD_SIZE=1 in a shell
+        return reading
+
 
 class SingleProcessLauncher(Launcher):
     """No launcher: one process, rank 0 of 1."""
