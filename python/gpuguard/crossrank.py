@@ -157,9 +157,14 @@ class Verdict:
 def _ray_store(group: str) -> Optional[Store]:
     """The Ray rendezvous actor's store for ``group`` when this process is a Ray actor; None elsewhere.
 
-    The Ray integration provides it (a named actor per group implementing the Store protocol).
+    The actor (``gpuguard:<job id>:<group>`` in namespace ``gpuguard``, see ray_rendezvous.py) is created here
+    by the group's first rank unless ``ray_placement`` made it already; Ray itself is never imported here.
     """
-    return None
+    from .ray_rendezvous import RayStore, in_ray_worker
+
+    if not in_ray_worker():
+        return None
+    return RayStore(group)
 
 
 def _agent_store(timeout: float) -> Optional[Store]:

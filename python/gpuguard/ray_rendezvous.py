@@ -138,6 +138,7 @@ def _store_actor_class() -> type:
 
 
 _remote_class: Any = None
+_held: dict[str, Any] = {}  # actor name → a handle this process keeps for as long as it lives
 
 
 def _ray() -> Any:
@@ -181,10 +182,18 @@ def store_actor(group: str, *, job_id: Optional[str] = None, create: bool = True
             return None
     if _remote_class is None:
         _remote_class = ray.remote(_store_actor_class())
-    return _remote_class.options(
+    handle = _remote_class.options(
         name=name, namespace=NAMESPACE, get_if_exists=True, lifetime=None, num_cpus=0,
         max_concurrency=_MAX_CONCURRENCY, scheduling_strategy="DEFAULT", max_restarts=0,
     ).remote(group)
+    # Ray ends a non-detached actor once its creator holds no handle to it, named or not: without this, the
+    # store would die the moment bind() returned in the rank that created it, under the other ranks' feet.
+    # Only the creating call's handle counts (one fetched by name is not counted), so the first handle to a
+    # given actor is the one kept; a different actor id means the old store is gone and this is its successor.
+    held = _held.get(name)
+    if held is None or held._actor_id != handle._actor_id:
+        _held[name] = handle
+    return handle
 
 
 def _check_key(key: str) -> str:

@@ -21,7 +21,8 @@ ray = pytest.importorskip("ray")
 import gpuguard  # noqa: E402
 from gpuguard.ray_rendezvous import RayStore  # noqa: E402
 
-CALL_TIMEOUT = 120  # seconds for any one ray.get: actors import torch, on two shared cores
+CALL_TIMEOUT = 120  # seconds for a store call or a bind(): actors import torch, on two shared cores
+GET_TIMEOUT = 300   # seconds for ray.get of a bind(): actor start-up plus bind()'s own deadline
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def cluster(fake_gpus):
         ray.shutdown()
 
 
-def get(refs: Any, timeout: float = CALL_TIMEOUT) -> Any:
+def get(refs: Any, timeout: float = GET_TIMEOUT) -> Any:
     return ray.get(refs, timeout=timeout)
 
 
@@ -229,7 +230,7 @@ def worker_class() -> Any:
     """The actor class, made here so that Ray ships it by value (workers cannot import this test module)."""
 
     class Worker:
-        def bind(self) -> dict[str, Any]:
+        def bind(self, timeout: float = CALL_TIMEOUT) -> dict[str, Any]:
             import os
 
             import gpuguard
@@ -238,27 +239,30 @@ def worker_class() -> Any:
                 "rank": int(os.environ["RANK"]), "group": os.environ.get("GPUGUARD_GROUP"),
                 "ray_gpu_ids": ray.get_runtime_context().get_accelerator_ids()["GPU"],
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            started = time.monotonic()
             try:
-                binding = gpuguard.bind(timeout=CALL_TIMEOUT)
+                binding = gpuguard.bind(timeout=timeout)
             except gpuguard.GpuGuardError as exc:
-                return {**facts, "ok": False, "error": type(exc).__name__, "message": str(exc)}
+                return {**facts, "ok": False, "error": type(exc).__name__, "message": str(exc),
+                        "seconds": time.monotonic() - started}
             return {**facts, "ok": True, "uuid": binding.uuid, "device": str(binding.device),
                     "launcher": binding.launcher, "share": binding.extra.get("ray_gpu_share"),
-                    "summary": str(binding)}
+                    "summary": str(binding), "seconds": time.monotonic() - started}
 
     return ray.remote(Worker)
 
 
-def bind_all(actors: list[Any]) -> list[dict[str, Any]]:
+def bind_all(actors: list[Any], **kw: Any) -> list[dict[str, Any]]:
     try:
-        return get([a.bind.remote() for a in actors])
+        return get([a.bind.remote(**kw) for a in actors])
     finally:
         for a in actors:
             ray.kill(a)
 
 
 def failures(results: list[dict[str, Any]]) -> str:
-    return "\n".join(f"rank {r['rank']} ({r['group']}): {r['message']}" for r in results if not r["ok"])
+    return "\n".join(f"rank {r['rank']} ({r['group']}, {r['seconds']:.1f} s): {r['error']}: {r['message']}"
+                     for r in results if not r["ok"])
 
 
 def test_eight_ranks_with_max_colocate_1_get_eight_distinct_gpus_and_every_bind_passes(cluster):
@@ -320,7 +324,8 @@ def test_six_ranks_packed_by_fractional_gpus_all_stop_naming_the_ranks_per_gpu(c
     actors = [Worker.options(num_gpus=1 / 3, num_cpus=0,
                              runtime_env={"env_vars": {**env, "RANK": str(r)}}).remote() for r in range(6)]
     results = bind_all(actors)
-    assert [r["error"] if not r["ok"] else "passed" for r in results] == ["DuplicateDeviceError"] * 6
+    assert [r["error"] if not r["ok"] else "passed" for r in results] == ["DuplicateDeviceError"] * 6, \
+        failures(results)
     messages = {r["message"] for r in results}
     assert len(messages) == 1, "every rank must reach the same verdict"
     message = messages.pop()
@@ -332,7 +337,19 @@ def test_six_ranks_packed_by_fractional_gpus_all_stop_naming_the_ranks_per_gpu(c
         gpu = cluster["gpus"][int(gpu_id)]
         a, b, c = sorted(ranks)
         assert f"GPU {gpu['uuid']} (PCI {gpu['pci_bus_id']}) is shared by ranks {a}, {b} and {c}:" in message
-    assert message.startswith("6 ranks of group 'packed' share 2 GPUs.")
+    assert message.startswith("6 ranks of group 'packed' share 2 GPUs."), message
     assert "Likely cause: Ray gave these actors 1/3 of a GPU each (num_gpus=1/3), so it packed 3 ranks of " \
-           "group 'packed' onto one GPU" in message
+           "group 'packed' onto one GPU" in message, message
     assert "Fix: give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1)" in message
+
+
+def test_a_rank_that_never_arrives_is_named_by_the_others_through_the_ray_rendezvous(cluster):
+    Worker = worker_class()
+    env = {"WORLD_SIZE": "3", "GPUGUARD_GROUP": "short"}
+    actors = [Worker.options(num_gpus=1, num_cpus=0, runtime_env={"env_vars": {**env, "RANK": str(r)}}).remote()
+              for r in (0, 2)]  # rank 1 is never started
+    results = bind_all(actors, timeout=5)
+    assert [r["error"] for r in results] == ["RendezvousTimeoutError"] * 2, failures(results)
+    for r in results:
+        assert r["message"].startswith("rank 1 of group 'short' did not reach gpuguard's placement check within "
+                                       "5 s (2 of 3 arrived)."), r["message"]
