@@ -450,11 +450,15 @@ def identity_of(binding: Optional["Binding"], failure: Optional[BaseException], 
         visible_count = int(status["device_count"]) if status["initialized"] else -1
     share = extra.get("ray_gpu_share")
     ray_ids = extra.get("ray_gpu_ids")
+    # A Ray actor has no local rank unless LOCAL_RANK is set: bind()'s local_rank there is the index of the GPU
+    # Ray chose (under RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES it can exceed the world size), not a rank.
+    no_local_rank = context.launcher == "ray" and context.local_rank is None
     me = RankIdentity(
         rank=int(_first(binding.rank if binding else None, context.rank)),
         world_size=int(_first(binding.world_size if binding else None, context.world_size)),
         group=group,
-        local_rank=int(_first(binding.local_rank if binding else None, context.local_rank, -1)),
+        local_rank=-1 if no_local_rank else int(_first(binding.local_rank if binding else None,
+                                                       context.local_rank, -1)),
         local_world_size=int(_first(context.local_world_size, -1)),
         host_hash=int(fingerprint["hash"]),
         hostname=str(binding.host if binding is not None else fingerprint["hostname"]),

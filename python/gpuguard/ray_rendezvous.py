@@ -6,8 +6,9 @@ one job (verl-style actor and rollout roles on the same GPUs), never read each o
 
 Lifetime: the actor is not detached. It belongs to whoever created it first: the driver when
 ``ray_placement`` made the placement (``RayPlacement.remove()`` ends it), otherwise the group's first
-``bind()`` (it then lives as long as that rank's actor). A detached store would outlive the job and hand
-stale records to the next job that reuses the group name.
+``bind()`` (it then lives as long as that rank's process, which keeps the creating handle: Ray ends a
+non-detached actor once its creator drops it). A detached store would outlive the job and hand stale records
+to the next job that reuses the group name.
 
 Semantics follow ``torch.distributed.Store`` (see ``rendezvous.Store``): ``get`` and ``wait`` block until
 the keys exist or a deadline passes. The actor is async and every blocking call awaits an
