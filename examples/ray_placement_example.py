@@ -8,7 +8,7 @@ Without a GPU, against gpuguard's fake driver (build it first: bash scripts/test
 
     GPUGUARD_LIBCUDA=$PWD/build/dev/tests/fakes/libgpuguard_fake_cuda.so \\
     GPUGUARD_FAKE_TOPOLOGY=$PWD/tests/fakes/topologies/h100x8.json PYTHONPATH=$PWD/python \\
-    python examples/ray_placement_example.py --fake-gpus 8 --workers 8 --max-colocate 2
+    python examples/ray_placement_example.py --fake-gpus 8 --workers 8 --max-colocate 2 --cpus-per-worker 0.1
 
 --fractional also shows the mistake gpuguard exists for: actors given num_gpus=1/3 without a placement, so
 Ray packs three ranks of one group on each GPU; every actor's bind() then stops with the same report.
@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="ranks per group (one GPU each)")
     parser.add_argument("--max-colocate", type=int, default=1,
                         help="groups (roles) sharing each GPU: 2 = an 'actor' and a 'rollout' rank per GPU")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
+                        help="CPUs each actor reserves (a laptop-sized fake run wants less than 1)")
     parser.add_argument("--address", default=None, help="Ray cluster to join (default: start a local one)")
     parser.add_argument("--fake-gpus", type=int, default=None,
                         help="tell a local Ray it has this many GPUs (with gpuguard's fake driver)")
@@ -57,7 +59,8 @@ def main() -> None:
              runtime_env={"env_vars": env_vars} if env_vars else None)
 
     roles = ["actor", "rollout", "reference", "critic"][:args.max_colocate]
-    with gpuguard.ray_placement(args.max_colocate, num_workers=args.workers, name="example") as placement:
+    with gpuguard.ray_placement(args.max_colocate, num_workers=args.workers, name="example",
+                                num_cpus_per_worker=args.cpus_per_worker) as placement:
         placement.ready(timeout=300)
         workers = [Worker.options(**placement.options(rank, group=role)).remote()
                    for role in roles for rank in range(args.workers)]
@@ -72,7 +75,7 @@ def main() -> None:
     if args.fractional:
         n = 6
         print(f"\n{n} ranks of one group given num_gpus=1/3 each, no placement:")
-        packed = [Worker.options(num_gpus=1 / 3, runtime_env={"env_vars": {
+        packed = [Worker.options(num_gpus=1 / 3, num_cpus=0, runtime_env={"env_vars": {
             "RANK": str(r), "WORLD_SIZE": str(n), "GPUGUARD_GROUP": "packed"}}).remote() for r in range(n)]
         results = ray.get([w.bind.remote() for w in packed], timeout=600)
         print(results[0].get("error") or "no error: Ray gave each rank its own GPU")

@@ -100,8 +100,9 @@ def _check_cluster(ray: Any, num_workers: int, strategy: str, bundle: dict[str, 
         raise RayPlacementError(
             f"ray_placement(num_workers={num_workers}, strategy={strategy!r}) needs {num_workers} bundles of "
             f"{bundle} {where}, but this cluster can hold {capacity} ({per_node}). A placement group that "
-            f"cannot be placed waits forever. Use strategy='PACK', fewer workers, or a smaller "
-            f"num_cpus_per_worker.", **details)
+            f"cannot be placed waits forever. Use {'' if strategy in ('PACK', 'SPREAD') else 'strategy=PACK, '}"
+            f"fewer workers, or a smaller num_cpus_per_worker (each bundle holds num_cpus_per_worker x "
+            f"max_colocate CPUs).", **details)
 
 
 def ray_placement(max_colocate: int = 1, *, num_workers: int, strategy: str = "PACK",
