@@ -133,10 +133,10 @@ def test_ray_older_than_2_39_with_fractional_gpus_warns(cluster, monkeypatch):
     with pytest.warns(RuntimeWarning, match=r"Ray 2.38.0 is older than 2.39: with max_colocate=2 the actors get "
                                             r"fractional GPUs \(num_gpus=1/2\).*do not match their bundle"):
         placement = gpuguard.ray_placement(2, num_workers=1, num_cpus_per_worker=0)
-    placement.remove()
+    placement.ready(timeout=CALL_TIMEOUT).remove()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # max_colocate=1 gives whole GPUs: nothing to warn about
-        gpuguard.ray_placement(1, num_workers=1, num_cpus_per_worker=0).remove()
+        gpuguard.ray_placement(1, num_workers=1, num_cpus_per_worker=0).ready(timeout=CALL_TIMEOUT).remove()
 
 
 def test_without_ray_init_the_error_says_to_call_it(cluster, monkeypatch):
@@ -147,6 +147,7 @@ def test_without_ray_init_the_error_says_to_call_it(cluster, monkeypatch):
 
 def test_options_place_rank_r_on_bundle_r_and_merge_the_users_runtime_env(cluster):
     with gpuguard.ray_placement(2, num_workers=4, name="opts", num_cpus_per_worker=0.5) as placement:
+        placement.ready(timeout=CALL_TIMEOUT)  # removing a group Ray is still placing can leave a GPU held
         assert placement.bundle == {"GPU": 1.0, "CPU": 1.0}
         user_env = {"pip": [], "env_vars": {"MY_FLAG": "1", "WORLD_SIZE": "4"}}
         opts = placement.options(3, group="actor", runtime_env=user_env, max_restarts=2, name="actor-3")
@@ -202,6 +203,7 @@ def test_report_tabulates_well_formed_rows_only_and_names_shared_gpus_and_absent
     from gpuguard.ray_report import BINDING_PREFIX
 
     with gpuguard.ray_placement(num_workers=4, name="rows", num_cpus_per_worker=0) as placement:
+        placement.ready(timeout=CALL_TIMEOUT)
         placement.options(0)  # the group exists once an actor of it is placed
         store = RayStore("rows")
         row = {"group": "rows", "rank": 0, "node_ip": "10.0.0.7", "ray_gpu_ids": ["3"], "gpu_fraction": 1.0,
