@@ -22,7 +22,7 @@ import gpuguard  # noqa: E402
 from gpuguard.ray_rendezvous import RayStore  # noqa: E402
 
 CALL_TIMEOUT = 120  # seconds for a store call or a bind(): actors import torch, on two shared cores
-GET_TIMEOUT = 300   # seconds for ray.get of a bind(): actor start-up plus bind()'s own deadline
+GET_TIMEOUT = 240   # seconds for ray.get of a bind(): actor start-up plus bind()'s own deadline
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +270,7 @@ def failures(results: list[dict[str, Any]]) -> str:
 def test_eight_ranks_with_max_colocate_1_get_eight_distinct_gpus_and_every_bind_passes(cluster):
     Worker = worker_class()
     with gpuguard.ray_placement(num_workers=8, name="solo", num_cpus_per_worker=0.5) as placement:
+        placement.ready(timeout=CALL_TIMEOUT)  # a GPU still held elsewhere fails here, clearly
         results = bind_all([Worker.options(**placement.options(r)).remote() for r in range(8)])
         assert all(r["ok"] for r in results), failures(results)
         report = placement.report()
@@ -299,6 +300,7 @@ def test_two_colocated_groups_of_eight_share_gpus_with_max_colocate_2_and_pass(c
     """verl's layout: an 'actor' and a 'rollout' rank on every GPU, half a GPU each; no group has a duplicate."""
     Worker = worker_class()
     with gpuguard.ray_placement(2, num_workers=8, name="verl", num_cpus_per_worker=0.5) as placement:
+        placement.ready(timeout=CALL_TIMEOUT)  # a GPU still held elsewhere fails here, clearly
         actors = [Worker.options(**placement.options(r, group=role)).remote()
                   for role in ("actor", "rollout") for r in range(8)]
         results = bind_all(actors)
