@@ -33,9 +33,10 @@ std::string visible_label(const IdentityRecord& r) {
 }
 
 std::string fraction_label(double f) {
-  // 1/3 reads better than 0.333 for the fractions Ray users write.
+  // 1/3 reads better than 0.333 for the fractions Ray users write. Ray keeps resource amounts to 4 decimals
+  // (num_gpus=1/3 comes back from get_assigned_resources() as 0.3333), so allow that rounding, times d.
   for (int d = 2; d <= 16; ++d) {
-    if (std::fabs(f * d - std::round(f * d)) < 1e-6 && std::round(f * d) == 1) return "1/" + std::to_string(d);
+    if (std::fabs(f * d - 1.0) <= 0.5e-4 * d + 1e-9) return "1/" + std::to_string(d);
   }
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3g", f);

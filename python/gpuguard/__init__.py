@@ -19,11 +19,15 @@ from .errors import (
     GpuGuardWarning,
     LaunchEnvironmentError,
     RankMappingError,
+    RayPlacementError,
+    RayRendezvousError,
     RendezvousTimeoutError,
 )
 from .explain import Diagnosis, Evidence, explain, explain_file
 from .launchers import LaunchContext, detect as detect_launcher
 from .tensors import GuardHandle, assert_same_device, guard, same_device
+from .ray_placement import RayPlacement, ray_placement
+from .ray_report import PlacementReport
 
 __version__ = "0.1.0"
 
@@ -43,7 +47,11 @@ __all__ = [
     "GuardHandle",
     "LaunchContext",
     "LaunchEnvironmentError",
+    "PlacementReport",
     "RankMappingError",
+    "RayPlacement",
+    "RayPlacementError",
+    "RayRendezvousError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
     "__version__",
@@ -57,5 +65,6 @@ __all__ = [
     "explain_file",
     "guard",
     "init_process_group",
+    "ray_placement",
     "same_device",
 ]

@@ -184,6 +184,8 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
         binding = _resolve(context, group, require_gpu, float(timeout))
     except GpuGuardError as exc:  # still meet the others below, so they stop too instead of waiting
         failure = exc
+    if binding is not None and binding.launcher == "ray" and store is None:
+        _publish_to_ray(binding)
     crossrank.check_across_ranks(binding, failure, context, group=group, store=store, timeout=float(timeout),
                                  verify_nccl=verify_nccl)
     if binding is None:  # the cross-rank step re-raises this rank's failure; this is a safety net
@@ -192,6 +194,19 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     _apply(binding)
     logger.info("%s (%s)", binding, binding.chosen_by)
     return binding
+
+
+def _publish_to_ray(binding: Binding) -> None:
+    """Ray (issue 6): the row RayPlacement.report() shows, put where the exchange meets, before it runs (so the
+    report also shows a placement the check refuses). Only informative: a failure here is logged, and the
+    exchange that follows reports any real trouble with the rendezvous."""
+    from .ray_report import publish_binding
+
+    try:
+        publish_binding(binding)
+    except GpuGuardError as exc:
+        logger.warning("gpuguard: could not publish rank %d's binding for RayPlacement.report(): %s",
+                       binding.rank, exc)
 
 
 def _supports_device_id() -> bool:

@@ -162,9 +162,14 @@ class Verdict:
 def _ray_store(group: str) -> Optional[Store]:
     """The Ray rendezvous actor's store for ``group`` when this process is a Ray actor; None elsewhere.
 
-    The Ray integration provides it (a named actor per group implementing the Store protocol).
+    The actor (``gpuguard:<job id>:<group>`` in namespace ``gpuguard``, see ray_rendezvous.py) is created here
+    by the group's first rank unless ``ray_placement`` made it already; Ray itself is never imported here.
     """
-    return None
+    from .ray_rendezvous import RayStore, in_ray_worker
+
+    if not in_ray_worker():
+        return None
+    return RayStore(group)
 
 
 def _agent_store(timeout: float) -> Optional[Store]:
@@ -477,11 +482,15 @@ def identity_of(binding: Optional["Binding"], failure: Optional[BaseException], 
         visible_count = int(status["device_count"]) if status["initialized"] else -1
     share = extra.get("ray_gpu_share")
     ray_ids = extra.get("ray_gpu_ids")
+    # A Ray actor has no local rank unless LOCAL_RANK is set: bind()'s local_rank there is the index of the GPU
+    # Ray chose (under RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES it can exceed the world size), not a rank.
+    no_local_rank = context.launcher == "ray" and context.local_rank is None
     me = RankIdentity(
         rank=int(_first(binding.rank if binding else None, context.rank)),
         world_size=int(_first(binding.world_size if binding else None, context.world_size)),
         group=group,
-        local_rank=int(_first(binding.local_rank if binding else None, context.local_rank, -1)),
+        local_rank=-1 if no_local_rank else int(_first(binding.local_rank if binding else None,
+                                                       context.local_rank, -1)),
         local_world_size=int(_first(context.local_world_size, -1)),
         host_hash=int(fingerprint["hash"]),
         hostname=str(binding.host if binding is not None else fingerprint["hostname"]),

@@ -49,5 +49,13 @@ class LaunchEnvironmentError(GpuGuardError):
     """The launcher's environment variables are missing, malformed or contradict each other."""
 
 
+class RayPlacementError(GpuGuardError):
+    """A Ray placement that cannot work: bad arguments, a cluster too small for it, or options that fight it."""
+
+
+class RayRendezvousError(GpuGuardError):
+    """The group's Ray rendezvous actor could not be created or reached, or answered badly."""
+
+
 class GpuGuardWarning(UserWarning):
     """Something is off but the run can go on (bound to the CPU for want of a GPU, ...)."""

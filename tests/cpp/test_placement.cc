@@ -191,3 +191,23 @@ TEST(Placement, SampleWithTotalsSaysHowManyRanksInAll) {
   EXPECT_IN("... and 2 more shared GPUs", report.message);
   EXPECT_IN("40 processes on a host with 1 GPU", report.message);
 }
+
+namespace {
+
+// Ray keeps resource amounts to 4 decimals: num_gpus=1/3 is reported back as 0.3333, 1/7 as 0.1429.
+TEST(Placement, RayRoundedSharesStillReadAsFractions) {
+  for (const auto& [share, label] : std::vector<std::pair<double, std::string>>{
+           {0.3333, "1/3"}, {0.1429, "1/7"}, {0.5, "1/2"}, {0.0625, "1/16"}, {0.333, "0.333"}, {0.3, "0.3"}}) {
+    std::vector<IdentityRecord> rs;
+    for (int i = 0; i < 2; ++i) {
+      auto r = rank_on(i, 2, 1, 0, 1);
+      r.launcher = "ray";
+      r.gpu_fraction = share;
+      rs.push_back(r);
+    }
+    auto report = gpuguard::analyze_placement(rs);
+    EXPECT_IN("Ray gave these actors " + label + " of a GPU each (num_gpus=" + label + ")", report.message);
+  }
+}
+
+}  // namespace
