@@ -77,6 +77,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Pre-flight under the job's own launcher (`torchrun ... -m gpuguard check`): every rank binds and meets
+    the others exactly as the training script's bind() would, without loading a model."""
+    import logging
+
+    from . import bind
+    from .errors import GpuGuardError
+
+    logging.getLogger("gpuguard").addHandler(logging.NullHandler())
+    try:
+        binding = bind(group=args.group, timeout=args.timeout, verify_nccl=args.verify_nccl,
+                       require_gpu=args.require_gpu)
+    except GpuGuardError as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}))
+        else:
+            print(f"gpuguard check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"ok": True, "binding": binding.as_dict()}, default=str))
+    else:
+        print(binding)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuguard",
@@ -112,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="deadline in seconds for each probe (default 30)")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("check", help="bind this rank and check placement across the job (run it under the launcher)",
+                       description="Run under the job's launcher, e.g. `torchrun --nproc_per_node 8 -m gpuguard "
+                                   "check` or `srun python -m gpuguard check`: every rank does what "
+                                   "gpuguard.bind() does in a training script (resolve its GPU, meet the other "
+                                   "ranks, find shared GPUs) and prints its binding. Exit status 1 on a problem.")
+    p.add_argument("--group", default="default", help="the rank group to check (default: default)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="how long to wait for the other ranks (default 60)")
+    p.add_argument("--verify-nccl", action="store_true", help="also form a real NCCL communicator of the group")
+    p.add_argument("--require-gpu", action="store_true", help="fail instead of binding the CPU when no GPU is visible")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=cmd_check)
 
     return parser
 
