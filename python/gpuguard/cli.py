@@ -10,10 +10,6 @@ from typing import Callable, Optional, Sequence
 Command = Callable[[argparse.Namespace], int]
 
 
-def _format_memory(total_bytes: int) -> str:
-    return f"{total_bytes / 2**30:.1f} GiB"
-
-
 def cmd_devices(args: argparse.Namespace) -> int:
     from .devices import cuda_status, devices
 
@@ -28,7 +24,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     rows = [("index", "name", "uuid", "pci bus id", "memory", "cc")]
     for d in found:
         cc = f"{d.compute_capability[0]}.{d.compute_capability[1]}"
-        rows.append((str(d.index), d.name, d.uuid, d.pci_bus_id, _format_memory(d.total_memory), cc))
+        rows.append((str(d.index), d.name, d.uuid, d.pci_bus_id, f"{d.total_memory_gib:.1f} GiB", cc))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
