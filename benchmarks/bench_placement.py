@@ -27,7 +27,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpuguard.crossrank import RankIdentity, exchange
+from gpuguard.deadline import Deadline
+from gpuguard.placement import RankIdentity, exchange
 
 
 class CountingStore:
@@ -70,7 +71,7 @@ def run_check(world: int, sharing_hosts: frozenset[int]) -> dict[str, Any]:
         stores[i] = CountingStore(dist.TCPStore("127.0.0.1", master.port, is_master=False,
                                                 timeout=datetime.timedelta(seconds=120)))
         barrier.wait()
-        kinds[i] = exchange(stores[i], identities[i], namespace="bench", timeout=120).kind
+        kinds[i] = exchange(stores[i], identities[i], namespace="bench", deadline=Deadline(120)).kind
         finished[i] = time.perf_counter()
 
     threads = [threading.Thread(target=rank, args=(i,)) for i in range(world)]

@@ -6,7 +6,7 @@ initialisation, and a library that did so at import would freeze the wrong visib
 
 from __future__ import annotations
 
-from ._native import TORCH_VERSION_BUILT_FOR
+from ._load_core import TORCH_VERSION_BUILT_FOR
 from .binding import Binding, bind, init_process_group
 from .devices import CudaStatus, Device, cuda_status, devices
 from .doctor import DoctorReport, Finding
@@ -24,12 +24,11 @@ from .errors import (
     RendezvousTimeoutError,
 )
 from .explain import Diagnosis, Evidence, explain, explain_file
-from .launchers import LaunchContext, detect as detect_launcher
-from .tensors import GuardHandle, assert_same_device, guard, same_device
-from .ray_placement import RayPlacement, ray_placement
-from .ray_report import PlacementReport
+from .binding.launchers import LaunchContext, detect as detect_launcher
+from .tensor_devices import GuardHandle, assert_same_device, guard, same_device
+from .ray import PlacementReport, RayPlacement, ray_placement
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Binding",

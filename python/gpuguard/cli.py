@@ -78,7 +78,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     the others exactly as the training script's bind() would, without loading a model."""
     import logging
 
-    from . import bind
+    from .binding import bind
     from .errors import GpuGuardError
 
     logging.getLogger("gpuguard").addHandler(logging.NullHandler())
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "ranks, find shared GPUs) and prints its binding. Exit status 1 on a problem.")
     p.add_argument("--group", default="default", help="the rank group to check (default: default)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="how long to wait for the other ranks (default 60)")
+                   help="deadline in seconds for the whole check, other ranks and NCCL included (default 60)")
     p.add_argument("--verify-nccl", action="store_true", help="also form a real NCCL communicator of the group")
     p.add_argument("--require-gpu", action="store_true", help="fail instead of binding the CPU when no GPU is visible")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ._native import _C
+from . import _C
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from .devices import CudaStatus, Device, cuda_status, devices
 from .errors import LaunchEnvironmentError, RankMappingError
-from .visibility import VisibilityProblem, VisibleDevices, parse_visible_devices, rejected_entry
+from .binding.visible_devices import VisibilityProblem, VisibleDevices, parse_visible_devices, rejected_entry
 
 SCHEMA = "gpuguard.doctor/1"
 SEVERITIES = ("error", "warning", "info")
@@ -119,8 +119,8 @@ def _visibility_dict(v: Optional[VisibleDevices], problem: Optional[VisibilityPr
 # ---- collecting ------------------------------------------------------------------------------------------
 
 def _versions(report: DoctorReport) -> None:
-    from . import __version__
-    from ._native import TORCH_VERSION_BUILT_FOR
+    from ._version import __version__
+    from ._load_core import TORCH_VERSION_BUILT_FOR
 
     report.versions["gpuguard"] = __version__
     report.versions["gpuguard built for torch"] = TORCH_VERSION_BUILT_FOR
@@ -140,7 +140,7 @@ def _versions(report: DoctorReport) -> None:
 def _nccl_version(report: DoctorReport) -> Optional[str]:
     """NCCL through gpuguard's loader (the copy torch already loaded first); torch's own answer otherwise.
     Neither initialises CUDA: both only ask the library for its version."""
-    from ._native import _C
+    from . import _C
 
     status = _C.nccl_status()
     if status["loaded"]:
@@ -159,7 +159,7 @@ def _nccl_version(report: DoctorReport) -> Optional[str]:
 
 def _launcher(report: DoctorReport) -> Any:
     """The launch context as bind() reads it (gpuguard.detect_launcher); contradicting variables are an error."""
-    from .launchers import detect
+    from .binding.launchers import detect
 
     for key in SETTINGS:
         if key in os.environ:
@@ -189,7 +189,7 @@ def _visibility(report: DoctorReport) -> None:
         return
     if problem is None:
         return
-    from .resolve import check_visibility
+    from .binding.device_choice import check_visibility
 
     try:
         check_visibility(v, report.devices, report.cuda is not None and report.cuda.library_loaded)
@@ -203,7 +203,7 @@ def _visibility(report: DoctorReport) -> None:
 
 def _binding(report: DoctorReport, context: Any) -> None:
     """The GPU bind() would give this process, or the RankMappingError it would raise."""
-    from .resolve import resolve_device
+    from .binding.device_choice import resolve_device
 
     if context is None or report.visible is None or report.visible_problem is not None:
         return
@@ -275,7 +275,7 @@ def _peer_access(report: DoctorReport) -> None:
         if report.cuda is not None and report.cuda.library_loaded:
             report.not_checked("peer access", f"{n} GPU visible: peer access needs two")
         return
-    from ._native import _C
+    from . import _C
 
     matrix: list[list[Optional[bool]]] = [[None] * n for _ in range(n)]
     for i in range(n):
@@ -299,7 +299,7 @@ def _peer_access(report: DoctorReport) -> None:
 
 
 def _p2p(report: DoctorReport, timeout: float) -> None:
-    from .probes import peer_copy_all_pairs
+    from .probes.run import peer_copy_all_pairs
 
     if len(report.devices) < 2:
         report.not_checked("peer copies (--p2p)", f"{len(report.devices)} GPU visible: a peer copy needs two")
@@ -372,9 +372,9 @@ P2P_DISABLE_COST = ("NCCL then moves data between this node's GPUs through host 
 
 
 def _nccl(report: DoctorReport, timeout: float) -> None:
-    from ._native import _C
+    from . import _C
     from .explain import explain
-    from .probes import nccl_all_reduce
+    from .probes.run import nccl_all_reduce
 
     n = len(report.devices)
     if n < 2:

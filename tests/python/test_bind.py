@@ -14,11 +14,11 @@ import pytest
 from conftest import no_driver_env, run_json
 from gpuguard import CudaStateError, LaunchEnvironmentError, RankMappingError
 from gpuguard.binding import Binding
-from gpuguard.cuda_state import check_cuda_state, earlier_initialisation
+from gpuguard.binding.cuda_state import check_cuda_state, earlier_initialisation
+from gpuguard.binding.device_choice import check_visibility, resolve_device
+from gpuguard.binding.launchers import LaunchContext, detect
+from gpuguard.binding.visible_devices import parse_visible_devices
 from gpuguard.devices import Device
-from gpuguard.launchers import LaunchContext, detect
-from gpuguard.resolve import check_visibility, resolve_device
-from gpuguard.visibility import parse_visible_devices
 
 from test_launchers import SLURM_2x5_RANK7, TORCHRUN
 
@@ -203,13 +203,11 @@ def test_binding_is_frozen_and_its_str_is_one_log_line():
 
 ATTEMPTS = """
 import json, logging, os, sys, warnings, gpuguard
-import gpuguard.crossrank
+import gpuguard.binding.steps
 # These attempts are one rank of a simulated job: only this rank's resolution is under test. The other ranks
-# do not exist, so the cross-rank step (tested in test_crossrank.py) is reduced to re-raising own failures.
-def _own_failure_only(binding, failure, context, **kwargs):
-    if failure is not None:
-        raise failure
-gpuguard.crossrank.check_across_ranks = _own_failure_only
+# do not exist, so the cross-rank step (tested in test_placement.py) is left out: bind() then raises this
+# rank's own failure, as it does after publishing it.
+gpuguard.binding.steps._meet_other_ranks = lambda *args, **kwargs: None
 records = []
 class Keep(logging.Handler):
     def emit(self, record): records.append(record.getMessage())
@@ -439,12 +437,9 @@ ray.init(num_cpus=4, num_gpus=4, include_dashboard=False, log_to_driver=False)
 @ray.remote
 class Worker:
     def bind(self):
-        import gpuguard, gpuguard.crossrank
-        # Until the Ray rendezvous store exists (crossrank._ray_store), only this actor's resolution is tested.
-        def own_failure_only(binding, failure, context, **kwargs):
-            if failure is not None:
-                raise failure
-        gpuguard.crossrank.check_across_ranks = own_failure_only
+        import gpuguard, gpuguard.binding.steps
+        # Only this actor's resolution is tested here (the Ray rendezvous is in test_ray.py): no cross-rank step.
+        gpuguard.binding.steps._meet_other_ranks = lambda *args, **kwargs: None
         return gpuguard.bind().as_dict()
 
 def actors(num_gpus, extra_env):

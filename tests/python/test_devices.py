@@ -39,7 +39,7 @@ def test_import_does_not_initialise_cuda(fake_gpus, tmp_path):
         log = pathlib.Path(os.environ["GPUGUARD_FAKE_CALL_LOG"])
         after_import = log.read_text() if log.exists() else ""
         state = {"torch_initialised": torch.cuda.is_initialized(),
-                 "gpuguard_initialised": gpuguard._native._C.driver_initialized(),
+                 "gpuguard_initialised": gpuguard._C.driver_initialized(),
                  "calls_after_import": after_import}
         gpuguard.devices()
         state["calls_after_devices"] = log.read_text()

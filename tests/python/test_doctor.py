@@ -169,7 +169,7 @@ def test_nccl_failure_is_decoded_by_explain(fake_gpus, tmp_path):
 # ---- deadlines ------------------------------------------------------------------------------------------------
 
 def test_a_hung_probe_child_is_killed_at_the_deadline_and_its_progress_kept():
-    from gpuguard.probes import run_child
+    from gpuguard.probes.run import run_child
 
     code = ("import json, sys, time\n"
             "print(json.dumps({'event': 'start', 'src': 0, 'dst': 1}), flush=True)\n"
@@ -182,7 +182,7 @@ def test_a_hung_probe_child_is_killed_at_the_deadline_and_its_progress_kept():
 
 
 def test_a_peer_copy_that_hangs_is_named(monkeypatch):
-    import gpuguard.probes as probes
+    import gpuguard.probes.run as probes
     from gpuguard.doctor import DoctorReport, _p2p
 
     # a probe child that copies 0 -> 1, then hangs in 1 -> 0, as a broken driver would

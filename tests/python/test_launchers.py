@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpuguard import LaunchEnvironmentError
-from gpuguard.launchers import LAUNCHERS, RayActorLauncher, detect, parse_tasks_per_node
+from gpuguard.binding.launchers import LAUNCHERS, RayActorLauncher, detect, parse_tasks_per_node
 
 TORCHRUN = {  # torchrun --nnodes=2 --nproc_per_node=4, second node, its second worker
     "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
 import gpuguard  # noqa: E402
-from gpuguard.ray_rendezvous import RayStore  # noqa: E402
+from gpuguard.ray.store import RayStore  # noqa: E402
 
 CALL_TIMEOUT = 120  # seconds for a store call or a bind(): actors import torch, on two shared cores
 GET_TIMEOUT = 240   # seconds for ray.get of a bind(): actor start-up plus bind()'s own deadline
@@ -200,7 +200,7 @@ def test_report_tabulates_well_formed_rows_only_and_names_shared_gpus_and_absent
     """The rows come from the actors, so the driver checks them: malformed or misfiled rows are not shown."""
     import json
 
-    from gpuguard.ray_report import BINDING_PREFIX
+    from gpuguard.ray.report import BINDING_PREFIX
 
     with gpuguard.ray_placement(num_workers=4, name="rows", num_cpus_per_worker=0) as placement:
         placement.ready(timeout=CALL_TIMEOUT)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from .devices import Device
-from .errors import LaunchEnvironmentError, RankMappingError
+from ..devices import Device
+from ..errors import LaunchEnvironmentError, RankMappingError
 from .launchers import LaunchContext
-from .visibility import VisibleDevices, rejected_entry
+from .visible_devices import VisibleDevices, rejected_entry
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ import numbers
 import warnings
 from typing import Any, Optional
 
-from .binding import _GROUP_RE
-from .errors import RayPlacementError
-from .ray_report import PlacementReport, read_report
-from .ray_rendezvous import current_job_id, store_actor
+from ..errors import RayPlacementError
+from ..group_name import is_group_name
+from .report import PlacementReport, read_report
+from .store import current_job_id, store_actor
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # Ray before 2.39 could hand actors with fractional GPUs in placement-group bundles GPU ids that did not
@@ -126,7 +126,7 @@ def ray_placement(max_colocate: int = 1, *, num_workers: int, strategy: str = "P
             or num_cpus_per_worker < 0:
         raise RayPlacementError(f"num_cpus_per_worker must be a number >= 0, got {num_cpus_per_worker!r}",
                                 num_cpus_per_worker=num_cpus_per_worker)
-    if name is not None and (not isinstance(name, str) or not _GROUP_RE.fullmatch(name)):
+    if name is not None and not is_group_name(name):
         raise RayPlacementError(f"name={name!r}: use 1 to 128 letters, digits or '_.:/@+-' (it also names the "
                                 f"default group, the actors' GPUGUARD_GROUP), or None", name=name)
     ray = _ray()
@@ -199,7 +199,7 @@ class RayPlacement:
                                     f"{self.num_workers} workers, got {rank!r}", rank=rank)
         rank = int(rank)
         group = self.default_group if group is None else group
-        if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
+        if not is_group_name(group):
             raise RayPlacementError(f"group={group!r}: use 1 to 128 letters, digits or '_.:/@+-' (it becomes the "
                                     f"actor's GPUGUARD_GROUP), e.g. group='rollout'", group=group)
         if group not in self._groups and len(self._groups) >= self.max_colocate:

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from conftest import TOPOLOGIES, run_json
 from gpuguard import DuplicateDeviceError, GpuGuardError, RankMappingError, RendezvousTimeoutError
-from gpuguard import crossrank
-from gpuguard.crossrank import RankIdentity, Verdict, exchange, raise_for
+from gpuguard.deadline import Deadline
+from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def run_ranks(master, identities: list[RankIdentity], *, namespace: str = "t", t
         try:
             stores[i] = CountingStore(client(master))
             start.wait(timeout=120)
-            verdicts[i] = exchange(stores[i], identities[i], namespace=namespace, timeout=timeout)
+            verdicts[i] = exchange(stores[i], identities[i], namespace=namespace, deadline=Deadline(timeout))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
             start.abort()
@@ -165,7 +165,7 @@ def test_colocated_groups_pass_and_keep_to_their_own_keys(master):
     results: dict[str, list[Verdict]] = {}
     for g in ("actor", "critic"):
         mine = [i for i in identities if i.group == g]
-        results[g], _ = run_ranks(master, mine, namespace=crossrank.run_namespace(g))
+        results[g], _ = run_ranks(master, mine, namespace=run_namespace(g))
     assert [v.kind for g in results for v in results[g]] == ["ok"] * 4
 
 
@@ -187,32 +187,32 @@ def test_hostile_store_contents_give_a_clear_error_not_a_crash(master):
     assert "bad magic" in verdicts[0].message
     c.set("bad2/verdict", b"not json")
     with pytest.raises(GpuGuardError, match="the placement verdict at store key 'bad2/verdict' is malformed"):
-        exchange(client(master), ident(0, 2, 0), namespace="bad2", timeout=5)
+        exchange(client(master), ident(0, 2, 0), namespace="bad2", deadline=Deadline(5))
 
 
 def test_namespaces_separate_calls_restarts_and_groups(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    first, second = crossrank.run_namespace("ns-test"), crossrank.run_namespace("ns-test")
+    first, second = run_namespace("ns-test"), run_namespace("ns-test")
     assert first.startswith("gpuguard/v1/ns-test/job-7/0/") and first != second
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert "/job-7/1/" in crossrank.run_namespace("ns-test")
-    assert crossrank.run_namespace("a/b").startswith("gpuguard/v1/a%2Fb/")  # a group cannot reach into another
+    assert "/job-7/1/" in run_namespace("ns-test")
+    assert run_namespace("a/b").startswith("gpuguard/v1/a%2Fb/")  # a group cannot reach into another
 
 
 def test_finding_the_store(monkeypatch):
-    assert crossrank.find_store(None, group="g", world_size=1, timeout=1) is None
-    with pytest.raises(TypeError, match="store= must implement gpuguard.rendezvous.Store .* lacks"):
-        crossrank.find_store(object(), group="g", world_size=2, timeout=1)
+    assert find_store(None, group="g", world_size=1, deadline=Deadline(1)) is None
+    with pytest.raises(TypeError, match="store= must implement gpuguard.placement.stores.Store .* lacks"):
+        find_store(object(), group="g", world_size=2, deadline=Deadline(1))
     for var in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(GpuGuardError, match="found 4 ranks but no place where they can meet .* pass store="):
-        crossrank.find_store(None, group="g", world_size=4, timeout=1)
+        find_store(None, group="g", world_size=4, deadline=Deadline(1))
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "http")
     with pytest.raises(GpuGuardError, match="MASTER_PORT='http' is not a port number"):
-        crossrank.find_store(None, group="g", world_size=4, timeout=1)
+        find_store(None, group="g", world_size=4, deadline=Deadline(1))
 
 
 def test_a_thousand_ranks_in_one_process_cost_constant_store_operations(master):

@@ -1,6 +1,6 @@
 """Runs GPU probes in child processes under a deadline, so that a hang in the driver or NCCL cannot hang us.
 
-Each child (python -m gpuguard._probe ...) prints one JSON object per line as it goes, flushing each; when the
+Each child (python -m gpuguard.probes.child ...) prints one JSON object per line as it goes, flushing each; when the
 deadline passes, its whole process group is killed and what it printed so far says how far it got (which
 GPU pair was being copied, which rank never finished its all-reduce).
 """
@@ -55,7 +55,7 @@ def _read_tail(stream: IO[bytes], run: ChildRun) -> None:
 
 
 def probe_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gpuguard._probe", *args]
+    return [sys.executable, "-m", "gpuguard.probes.child", *args]
 
 
 class Child:
@@ -136,9 +136,10 @@ def run_child(args: Sequence[str], env: dict[str, str], timeout: float) -> Child
 
 
 def child_env(**overrides: Optional[str]) -> dict[str, str]:
-    """This process's environment with `overrides` applied (None removes a variable)."""
+    """This process's environment with `overrides` applied (None removes a variable), and this gpuguard first
+    on PYTHONPATH, so that the child runs the same gpuguard as the parent."""
     env = dict(os.environ)
-    path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([path] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for k, v in overrides.items():
         if v is None:

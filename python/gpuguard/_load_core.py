@@ -1,4 +1,8 @@
-"""Loads the compiled core, gpuguard._C, after torch, and turns a version mismatch into one clear error."""
+"""Loads the compiled core, gpuguard._C, after torch, and turns a version mismatch into one clear error.
+
+The package imports this module first; every other module then refers to the core by its one name,
+``from . import _C`` (or ``from .. import _C``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ def _base_version(version: str) -> str:
     return version.split("+", 1)[0]
 
 
-def _load():  # type: ignore[no-untyped-def]
+def _load() -> None:
     try:
         from . import _build_info
     except ImportError:  # pragma: no cover - only a broken checkout lacks it
@@ -35,10 +39,9 @@ def _load():  # type: ignore[no-untyped-def]
             f"gpuguard's compiled core failed to load ({exc}). It was built for PyTorch {built_for}; "
             f"PyTorch {installed} is installed. Rebuild: {reinstall}"
         ) from exc
-    return _C
 
 
-_C = _load()
+_load()
 TORCH_VERSION_BUILT_FOR: str | None = getattr(
     __import__("gpuguard._build_info", fromlist=["TORCH_VERSION"]), "TORCH_VERSION", None
 )

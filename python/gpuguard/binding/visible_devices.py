@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ._native import _C
+from .. import _C
 
 _FROM_ENVIRONMENT: Any = object()
 

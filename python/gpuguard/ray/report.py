@@ -1,21 +1,18 @@
 """Who sits where in a Ray job: each actor publishes its binding to its group's rendezvous; the driver tabulates.
 
 The rows are published by ``bind()`` right after this rank's device is resolved and before the cross-rank
-check, so the report also shows placements the check then refused.
+check, so the report also shows placements the check then refused. A row is plain data (bind() builds it),
+so this module knows nothing of ``Binding``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import Any, Iterable, Optional
 
-from .ray_rendezvous import RayStore, in_ray_worker
-
-if TYPE_CHECKING:
-    from .binding import Binding
+from .store import RayStore, in_ray_worker
 
 BINDING_PREFIX = "gpuguard/ray/binding/"
 _MAX_ROW_BYTES = 16 << 10  # a row is a few hundred bytes; anything bigger is not ours
@@ -45,15 +42,10 @@ def _ray_facts() -> dict[str, Any]:
             "actor_id": ctx.get_actor_id(), "placement_group_id": ctx.get_placement_group_id()}
 
 
-def publish_binding(binding: "Binding", store: Optional[RayStore] = None) -> None:
-    """Puts this rank's row where ``RayPlacement.report()`` reads it: the group's rendezvous actor."""
-    extra = binding.extra
-    row = {"group": binding.group, "rank": binding.rank, "world_size": binding.world_size,
-           "hostname": binding.host, "pid": os.getpid(), "cuda_visible_devices": binding.cuda_visible_devices,
-           "device": str(binding.device), "uuid": binding.uuid, "pci_bus_id": binding.pci_bus_id,
-           "device_name": binding.device_name, "ray_gpu_ids": list(extra.get("ray_gpu_ids") or []),
-           "gpu_fraction": extra.get("ray_gpu_share"), **_ray_facts()}
-    (store or RayStore(binding.group)).set(f"{BINDING_PREFIX}{binding.rank}", json.dumps(row, sort_keys=True))
+def publish_row(store: RayStore, row: dict[str, Any]) -> None:
+    """Puts this rank's row (``group``, ``rank``, where it runs) where ``RayPlacement.report()`` reads it: the
+    group's rendezvous actor. Ray's own facts (node, job, actor, placement group) are added here."""
+    store.set(f"{BINDING_PREFIX}{row['rank']}", json.dumps({**row, **_ray_facts()}, sort_keys=True))
 
 
 @dataclass(frozen=True)

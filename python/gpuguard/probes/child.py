@@ -1,4 +1,4 @@
-"""Child side of the GPU probes (python -m gpuguard._probe ...): prints one JSON event per line, flushed.
+"""Child side of the GPU probes (python -m gpuguard.probes.child ...): prints one JSON event per line, flushed.
 
 Run only by gpuguard.probes, which holds the deadline: anything here may hang on a broken machine, and that
 is exactly what the parent is there to observe.
@@ -18,7 +18,7 @@ def emit(**event: Any) -> None:
 
 
 def probe_p2p(nbytes: int) -> int:
-    from ._native import _C
+    from .. import _C
 
     found, error = _C.enumerate_devices()
     if error is not None:
@@ -39,7 +39,7 @@ def probe_p2p(nbytes: int) -> int:
 def probe_nccl(rank: int, nranks: int, device: int, timeout: float) -> int:
     """One rank of an all-reduce across the local GPUs. Rank 0 makes the unique id and prints it; the parent
     hands it to the other ranks on their standard input."""
-    from ._native import _C
+    from .. import _C
 
     if rank == 0:
         try:
@@ -62,7 +62,7 @@ def probe_nccl(rank: int, nranks: int, device: int, timeout: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuguard._probe")
+    parser = argparse.ArgumentParser(prog="python -m gpuguard.probes.child")
     sub = parser.add_subparsers(dest="probe", required=True)
     p = sub.add_parser("p2p")
     p.add_argument("--bytes", type=int, default=8 << 20)

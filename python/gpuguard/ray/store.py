@@ -10,7 +10,7 @@ Lifetime: the actor is not detached. It belongs to whoever created it first: the
 non-detached actor once its creator drops it). A detached store would outlive the job and hand stale records
 to the next job that reuses the group name.
 
-Semantics follow ``torch.distributed.Store`` (see ``rendezvous.Store``): ``get`` and ``wait`` block until
+Semantics follow ``torch.distributed.Store`` (see ``gpuguard.placement.stores.Store``): ``get`` and ``wait`` block until
 the keys exist or a deadline passes. The actor is async and every blocking call awaits an
 ``asyncio.Event``, so a thousand ranks waiting do not stop the one ``set`` that wakes them. Every call from
 a client is bounded by a deadline of its own: a store actor that cannot start or has died is an error that
@@ -24,7 +24,7 @@ import datetime
 import sys
 from typing import Any, Optional
 
-from .errors import RayRendezvousError, RendezvousTimeoutError
+from ..errors import RayRendezvousError, RendezvousTimeoutError
 
 NAMESPACE = "gpuguard"
 # Extra seconds a client waits beyond the store-side deadline, for the call's own round trip.
@@ -213,7 +213,7 @@ def _as_bytes(value: Any) -> bytes:
 
 
 class RayStore:
-    """``rendezvous.Store`` over the group's rendezvous actor (client side; one per process and group).
+    """``gpuguard.placement.stores.Store`` over the group's rendezvous actor (client side; one per process and group).
 
     ``timeout`` is the store's own deadline, used by ``get`` (as ``torch.distributed.Store.timeout`` is).
     A deadline that passes raises ``RendezvousTimeoutError`` naming the keys still missing.

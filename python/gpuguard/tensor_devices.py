@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 import torch
 from torch import nn
 
-from ._native import _C
+from . import _C
 
 __all__ = ["GuardHandle", "assert_same_device", "guard", "same_device"]
 

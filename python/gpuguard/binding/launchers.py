@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
-from .errors import LaunchEnvironmentError
+from ..errors import LaunchEnvironmentError
+from ..group_name import is_group_name
 
 #: Overrides detection: the name of one launcher below (``torchrun``, ``slurm``, ``env``, ...).
 FORCE_VARIABLE = "GPUGUARD_LAUNCHER"
@@ -35,7 +36,6 @@ GROUP_VARIABLE = "GPUGUARD_GROUP"
 FIELDS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank")
 _MAX_INT = 10_000_000  # no job has ten million ranks; a larger value is a corrupted variable
 _INT_RE = re.compile(r"[0-9]{1,9}")
-_GROUP_RE = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def read_group(env: Mapping[str, str]) -> Optional[str]:
     raw = env.get(GROUP_VARIABLE)
     if raw is None:
         return None
-    if not _GROUP_RE.fullmatch(raw):
+    if not is_group_name(raw):
         raise LaunchEnvironmentError(
             f"{GROUP_VARIABLE}={raw!r} is not a usable group name: use 1 to 128 letters, digits or "
             f"'_.:/@+-', e.g. {GROUP_VARIABLE}=rollout.", variable=GROUP_VARIABLE, value=raw)

@@ -16,7 +16,8 @@ import subprocess
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
-from .errors import CudaStateError
+from ..errors import CudaStateError
+from ..probes.run import child_env
 
 logger = logging.getLogger("gpuguard")
 
@@ -63,11 +64,8 @@ def enumerate_in_child(timeout: float) -> Optional[list[str]]:
 
 
 def _run_child(timeout: float) -> Optional[list[str]]:
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     try:
-        proc = subprocess.run([sys.executable, "-c", _ENUMERATE], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-c", _ENUMERATE], env=child_env(), capture_output=True, text=True,
                               timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
         logger.warning("gpuguard: could not verify CUDA_VISIBLE_DEVICES: the check process took over %.0f s",

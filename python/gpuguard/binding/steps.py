@@ -1,0 +1,244 @@
+"""gpuguard.bind(): puts this process on its GPU under any launcher, once every rank of its group agreed.
+
+bind() owns its steps, in this order, all under one deadline (``timeout`` seconds for the whole call):
+
+1. detect: the launcher that started this process and its ranks (``launchers.detect``);
+2. resolve: the devices this process sees, the CUDA state and CUDA_VISIBLE_DEVICES checked, the device
+   chosen (``cuda_state``, ``device_choice``): a Binding, or the GpuGuardError saying why there is none;
+3. identity: this rank's RankIdentity, from the launch context and the resolution (a failed rank has one too,
+   carrying its failure, so that the others stop at once instead of waiting for it);
+4. find the store the group meets in, once (``placement.stores.find_store``);
+5. exchange: publish the identity, get the verdict every rank of the group gets (``placement.exchange``);
+6. verdict: this rank's own failure is raised first, then the verdict's error; with ``verify_nccl``, the
+   NCCL communicator of the group is formed (``placement.nccl_check``);
+7. set_device, only now.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import warnings
+from typing import Any, Optional
+
+import torch
+
+from .. import _C
+from ..deadline import Deadline
+from ..devices import cuda_status, devices
+from ..errors import GpuGuardError, GpuGuardWarning, RankMappingError
+from ..group_name import is_group_name
+from ..placement import (RankIdentity, exchange, find_store, raise_for, run_namespace,
+                         verify_nccl_across_ranks)
+from .binding import Binding
+from .cuda_state import check_cuda_state, earlier_initialisation
+from .device_choice import Resolution, check_visibility, resolve_device
+from .launchers import LaunchContext, detect
+from .visible_devices import parse_visible_devices
+
+logger = logging.getLogger("gpuguard")
+
+
+def check_arguments(group: str, timeout: float) -> None:
+    if not is_group_name(group):
+        raise ValueError(f"group={group!r}: use 1 to 128 letters, digits or '_.:/@+-', e.g. group='rollout'")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout={timeout!r}: give the seconds to wait, a positive number")
+
+
+def _group_name(group: str, context: LaunchContext) -> str:
+    # an explicit group wins; the default yields to GPUGUARD_GROUP from the launcher's environment
+    return context.group if group == "default" and context.group else group
+
+
+# ---- step 2: resolve ---------------------------------------------------------------------------------------
+
+def _resolve(context: LaunchContext, group: str, host: str, require_gpu: bool, deadline: Deadline) -> Binding:
+    """This rank's Binding, or a GpuGuardError saying why there is none."""
+    visible_now = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visibility = parse_visible_devices(visible_now)
+    before = _C.driver_init_record()
+    found = devices()  # initialises the driver here, if nobody did: the launcher has set visibility by now
+    after = _C.driver_init_record()
+    status = cuda_status()
+    who = earlier_initialisation(before, after, visible_now, _torch_cuda_initialized())
+    if who is None and not found and status.library_loaded and visibility.entries:
+        # the driver shows nothing although the variable lists GPUs: maybe frozen empty by an earlier cuInit
+        who = "CUDA was initialised in this process before bind() (the driver shows no device)"
+    check_cuda_state([d.uuid for d in found], who, visible_now, timeout=deadline.remaining())
+    check_visibility(visibility, found, status.library_loaded)
+    resolution: Resolution = resolve_device(context, found, visibility, host=host)
+    if resolution.device is None:
+        reason = status.reason or "no CUDA device is visible"
+        if require_gpu:
+            raise RankMappingError(
+                f"Rank {context.rank} needs a GPU (require_gpu=True) but this process on {host} sees none: "
+                f"{reason}. Check `gpuguard devices` on this host, the job's GPU request (srun --gpus-per-task, "
+                f"num_gpus in Ray), and CUDA_VISIBLE_DEVICES.",
+                rank=context.rank, host=host, reason=reason, cuda_visible_devices=visible_now)
+        device, chosen_by = torch.device("cpu"), f"no GPU: {reason}"
+    else:
+        device, chosen_by = torch.device("cuda", resolution.device.index), resolution.chosen_by
+    d = resolution.device
+    return Binding(
+        launcher=context.launcher, rank=context.rank, local_rank=resolution.local_rank,
+        world_size=context.world_size, local_world_size=context.local_world_size, node_rank=context.node_rank,
+        device=device, device_index=d.index if d else None, uuid=d.uuid if d else None,
+        pci_bus_id=d.pci_bus_id if d else None, device_name=d.name if d else None, host=host,
+        cuda_visible_devices=visible_now, visible_device_count=len(found),
+        local_rank_source=resolution.local_rank_source, group=group, chosen_by=chosen_by,
+        extra=dict(context.extra))
+
+
+def _torch_cuda_initialized() -> bool:
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # pragma: no cover - a torch without CUDA support
+        return False
+
+
+# ---- step 3: identity --------------------------------------------------------------------------------------
+
+def _identity(context: LaunchContext, group: str, host: str, binding: Optional[Binding],
+              failure: Optional[GpuGuardError]) -> RankIdentity:
+    """This rank's record for the exchange: from the resolution when there is one, else from the launch
+    context with the failure that prevented it."""
+    share = context.extra.get("ray_gpu_share")
+    ray_ids = context.extra.get("ray_gpu_ids")
+    if binding is not None:
+        visible_count = binding.visible_device_count
+    else:  # bind() already initialised the driver; this only reads the count
+        status = cuda_status()
+        visible_count = status.device_count if status.initialized else -1
+    # A Ray actor has no local rank unless LOCAL_RANK is set: bind()'s local_rank there is the index of the GPU
+    # Ray chose (under RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES it can exceed the world size), not a rank.
+    if context.launcher == "ray" and context.local_rank is None:
+        local_rank = -1
+    elif binding is not None:
+        local_rank = binding.local_rank
+    else:
+        local_rank = context.local_rank if context.local_rank is not None else -1
+    on_gpu = binding is not None and binding.is_gpu
+    return RankIdentity(
+        rank=context.rank, world_size=context.world_size, group=group, local_rank=local_rank,
+        local_world_size=context.local_world_size if context.local_world_size is not None else -1,
+        host_hash=int(_C.host_fingerprint()["hash"]), hostname=host,
+        gpu_uuid=(binding.uuid or "") if on_gpu else "",
+        pci_bus_id=(binding.pci_bus_id or "") if on_gpu else "",
+        gpu_index=binding.device_index if on_gpu and binding.device_index is not None else -1,
+        pid=os.getpid(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        visible_device_count=visible_count, launcher=context.launcher,
+        multi_rank_gpu_enabled=os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1",
+        gpu_fraction=float(share) if isinstance(share, (int, float)) and 0 < float(share) else None,
+        ray_gpu_ids=",".join(str(i) for i in ray_ids) if isinstance(ray_ids, (list, tuple)) else str(ray_ids or ""),
+        failure_kind=None if failure is None else type(failure).__name__,
+        failure_text="" if failure is None else str(failure))
+
+
+# ---- steps 4-6: meet the other ranks -----------------------------------------------------------------------
+
+def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, deadline: Deadline,
+                      verify_nccl: bool) -> None:
+    """Finds the store once, exchanges, and raises the verdict's error on this rank. A rank with a failure of
+    its own only publishes it (every other rank then stops naming it) and returns: bind() raises its error."""
+    found = find_store(store, group=me.group, world_size=me.world_size, deadline=deadline)
+    if binding is not None and binding.launcher == "ray" and store is None:
+        _publish_ray_row(binding, found)
+    if found is None:  # one process: nothing to compare
+        if me.failure_kind is None and verify_nccl:
+            raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
+        return
+    namespace = run_namespace(me.group)
+    started = time.monotonic()
+    verdict = exchange(found, me, namespace=namespace, deadline=deadline)
+    logger.debug("gpuguard: cross-rank check of group %r (%d ranks): %s in %.3f s", me.group, me.world_size,
+                 verdict.kind, time.monotonic() - started)
+    if me.failure_kind is not None:
+        return
+    raise_for(verdict, me)
+    if verify_nccl:
+        raise_for(verify_nccl_across_ranks(found, me, namespace=namespace, deadline=deadline), me)
+
+
+def _publish_ray_row(binding: Binding, found: Any) -> None:
+    """Ray: the row RayPlacement.report() shows, put in the group's rendezvous actor before the exchange (so the
+    report also shows a placement the check refuses). Only informative: a failure here is logged, and the
+    exchange that follows reports any real trouble with the rendezvous."""
+    from ..ray.report import publish_row
+    from ..ray.store import RayStore
+
+    extra = binding.extra
+    row = {"group": binding.group, "rank": binding.rank, "world_size": binding.world_size,
+           "hostname": binding.host, "pid": os.getpid(), "cuda_visible_devices": binding.cuda_visible_devices,
+           "device": str(binding.device), "uuid": binding.uuid, "pci_bus_id": binding.pci_bus_id,
+           "device_name": binding.device_name, "ray_gpu_ids": list(extra.get("ray_gpu_ids") or []),
+           "gpu_fraction": extra.get("ray_gpu_share")}
+    try:
+        # the exchange's own store when it is the group's Ray actor; a process group's store is not read by
+        # RayPlacement.report(), so the row then goes to the actor all the same
+        publish_row(found if isinstance(found, RayStore) else RayStore(binding.group), row)
+    except GpuGuardError as exc:
+        logger.warning("gpuguard: could not publish rank %d's binding for RayPlacement.report(): %s",
+                       binding.rank, exc)
+
+
+# ---- step 7: set_device ------------------------------------------------------------------------------------
+
+def _apply(binding: Binding) -> None:
+    if not binding.is_gpu:
+        warnings.warn(f"gpuguard.bind(): rank {binding.rank} runs on the CPU: {binding.chosen_by}. Pass "
+                      f"require_gpu=True to make this an error.", GpuGuardWarning, stacklevel=4)
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(binding.device)
+    else:
+        logger.info("gpuguard: this torch cannot use CUDA (%s build, torch.cuda.is_available() is False); "
+                    "torch.cuda.set_device(%s) skipped", "CUDA" if torch.version.cuda else "CPU",
+                    binding.device)
+
+
+# ---- the entry points --------------------------------------------------------------------------------------
+
+def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadline, verify_nccl: bool,
+            require_gpu: bool) -> Binding:
+    """bind()'s steps 2-7 for an already detected launch context (init_process_group detects only once)."""
+    group = _group_name(group, context)
+    host = socket.gethostname()
+    binding: Optional[Binding] = None
+    failure: Optional[GpuGuardError] = None
+    try:
+        binding = _resolve(context, group, host, require_gpu, deadline)
+    except GpuGuardError as exc:  # still meet the others below, so they stop too instead of waiting
+        failure = exc
+    me = _identity(context, group, host, binding, failure)
+    _meet_other_ranks(me, binding, store, deadline, verify_nccl)
+    if failure is not None:
+        raise failure
+    assert binding is not None
+    _apply(binding)
+    logger.info("%s (%s)", binding, binding.chosen_by)
+    return binding
+
+
+def bind(*, group: str = "default", store: Any = None, timeout: float = 60, verify_nccl: bool = False,
+         require_gpu: bool = False) -> Binding:
+    """Binds this process to its GPU under whichever launcher started it, and returns the Binding.
+
+    group: the rank's group; ranks of different groups may share a GPU (colocated roles). The default
+      yields to ``GPUGUARD_GROUP`` in the environment.
+    store: where ranks meet for the cross-rank check (a torch.distributed Store); found automatically
+      when None. timeout: seconds for the whole call (the CUDA-state check, the other ranks, NCCL), after
+      which it returns or raises within a few seconds.
+    verify_nccl: also form a real NCCL communicator under the deadline.
+    require_gpu: no GPU is an error instead of a warning and a CPU binding.
+
+    Raises LaunchEnvironmentError (launcher variables or CUDA_VISIBLE_DEVICES malformed or contradictory),
+    RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
+    visibility); all are GpuGuardError.
+    """
+    check_arguments(group, timeout)
+    deadline = Deadline(timeout)
+    return bind_in(detect(), group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
+                   require_gpu=require_gpu)

@@ -1,0 +1,16 @@
+"""Placement across ranks: who-is-where records, the store the ranks meet in, the exchange that gives every
+rank the same verdict, and the optional NCCL check. Knows nothing of ``Binding``: bind() hands it a
+:class:`RankIdentity` and a :class:`~gpuguard.deadline.Deadline`.
+
+Modules, in the order bind() uses them: ``identity`` (the record), ``stores`` (protocol, checked wrapper,
+discovery), ``exchange`` (the protocol), ``verdict`` (codec and the error it raises), ``nccl_check``.
+"""
+
+from .exchange import exchange, run_namespace
+from .identity import RankIdentity
+from .nccl_check import verify_nccl_across_ranks
+from .stores import CheckedStore, Store, env_store_for_init, find_store
+from .verdict import Verdict, raise_for
+
+__all__ = ["CheckedStore", "RankIdentity", "Store", "Verdict", "env_store_for_init", "exchange", "find_store",
+           "raise_for", "run_namespace", "verify_nccl_across_ranks"]
