@@ -21,8 +21,10 @@ from gpuguard.deadline import Deadline
 from gpuguard.placement import RankIdentity, exchange, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
 
-T = 12.0  # the timeout each rank gives bind()
-SLACK = TIMEOUT_GRACE_S + 1.5  # "a few seconds": a rank may wait the grace past its deadline for a peer's verdict
+T = 16.0  # the timeout each rank gives bind()
+LATE = 9.0  # how late the other rank comes: more than the slack below, less than T minus start-up skew
+SLACK = 2.0  # "a few seconds" for a rank that waits for nobody after its deadline
+SLACK_WITH_GRACE = TIMEOUT_GRACE_S + 1.5  # a rank may wait the grace past its deadline for a peer's verdict
 
 RANK = r"""
 import json, sys, time, datetime
@@ -66,13 +68,13 @@ def outcome_of(proc: subprocess.Popen[str]) -> dict:
 def test_the_exchange_timeout_ends_the_call_at_the_deadline(fake_gpus, master):
     got = outcome_of(start_rank(fake_gpus, master, 0, 2, "h100x4", "deadline-exchange"))
     assert got["error"] == "RendezvousTimeoutError"
-    assert "rank 1 of group 'deadline-exchange' did not reach gpuguard's placement check within 12 s" in got["message"]
+    assert "rank 1 of group 'deadline-exchange' did not reach gpuguard's placement check within 16 s" in got["message"]
     assert T - 0.5 <= got["elapsed"] <= T + SLACK
 
 
 def test_waiting_for_the_nccl_unique_id_gets_only_what_the_exchange_left(fake_gpus, master, monkeypatch):
-    """Rank 0 (played here) arrives after half the deadline and never publishes an NCCL unique id: rank 1's
-    wait for it may last only the other half."""
+    """Rank 0 (played here) arrives late and never publishes an NCCL unique id: rank 1's wait for it may last
+    only what is left of its deadline (a wait of its own of T would end about LATE seconds past it)."""
     group = "deadline-nccl-id"
     for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -84,7 +86,7 @@ def test_waiting_for_the_nccl_unique_id_gets_only_what_the_exchange_left(fake_gp
     proc = start_rank(fake_gpus, master, 1, 2, "h100x4", group)
 
     def late_rank0() -> None:
-        time.sleep(T / 2 + 3)  # + the child's interpreter start, so that its exchange waits about T/2
+        time.sleep(LATE)
         exchange(dist.TCPStore("127.0.0.1", master.port, is_master=False), rank0, namespace=namespace,
                  deadline=Deadline(T))
 
@@ -93,24 +95,24 @@ def test_waiting_for_the_nccl_unique_id_gets_only_what_the_exchange_left(fake_gp
     got = outcome_of(proc)
     thread.join(timeout=T)
     assert got["error"] == "RendezvousTimeoutError"
-    assert got["message"] == "rank 0 did not publish an NCCL unique id within 12 s"
+    assert got["message"] == "rank 0 did not publish an NCCL unique id within 16 s"
     assert got["elapsed"] <= T + SLACK
 
 
 def test_a_hung_nccl_probe_is_aborted_at_the_deadline_of_the_whole_call(fake_gpus, master):
-    """NCCL never finishes forming the communicator (the fake's 'hang'); rank 1 starts T/2 late, so rank 0 spends
-    half its deadline in the exchange and the probe may have only the rest."""
+    """NCCL never finishes forming the communicator (the fake's 'hang'); rank 1 starts LATE, so rank 0 spends
+    that in the exchange and the probe may have only the rest of its deadline."""
     topology = str(TOPOLOGIES / "h100x4_nccl_hang.json")
     first = start_rank(fake_gpus, master, 0, 2, topology, "deadline-probe")
-    time.sleep(T / 2)
+    time.sleep(LATE)
     second = start_rank(fake_gpus, master, 1, 2, topology, "deadline-probe")
     got = [outcome_of(first), outcome_of(second)]
     for outcome in got:
         assert outcome["error"] == "RendezvousTimeoutError"
-        assert outcome["elapsed"] <= T + SLACK
+        assert outcome["elapsed"] <= T + SLACK_WITH_GRACE
     # the last rank's probe ends last, and it writes the group's verdict; the first rank's deadline may pass
     # before that, and it then says so rather than waiting past its own deadline
-    whole = "NCCL did not form a communicator for group 'deadline-probe' within 12 s on 2 of 2 ranks"
+    whole = "NCCL did not form a communicator for group 'deadline-probe' within 16 s on 2 of 2 ranks"
     assert whole in got[1]["message"]
     assert (whole in got[0]["message"]
-            or got[0]["message"] == "only 1 of 2 ranks finished the NCCL probe of group 'deadline-probe' within 12 s")
+            or got[0]["message"] == "only 1 of 2 ranks finished the NCCL probe of group 'deadline-probe' within 16 s")
