@@ -38,10 +38,9 @@ enum CUdevice_attribute : int {
   X(cuDeviceGetAttribute, CUresult, (int* value, CUdevice_attribute attribute, CUdevice device)) \
   X(cuDeviceGetPCIBusId, CUresult, (char* bus_id, int length, CUdevice device))
 
-// Used by diagnostics (peer access, peer copies, context state); a driver lacking them still enumerates.
+// Used by diagnostics (peer access, peer copies); a driver lacking them still enumerates.
 #define GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(X)                                                          \
   X(cuDeviceCanAccessPeer, CUresult, (int* can_access, CUdevice device, CUdevice peer))             \
-  X(cuDevicePrimaryCtxGetState, CUresult, (CUdevice device, unsigned int* flags, int* active))      \
   X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext * context, CUdevice device))                     \
   X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice device))                                      \
   X(cuCtxSetCurrent, CUresult, (CUcontext context))                                                 \

@@ -231,21 +231,6 @@ Result<bool> CudaDriver::can_access_peer(int a, int b) {
   return can != 0;
 }
 
-Result<bool> CudaDriver::primary_context_active(int ordinal) {
-  Status ready = init();
-  if (!ready) return ready.error();
-  if (fn_.cuDevicePrimaryCtxGetState == nullptr) {
-    return Error{"CUDA driver", "dlsym", "", 0, "the driver does not export cuDevicePrimaryCtxGetState",
-                 GPUGUARD_WHERE};
-  }
-  cu::CUdevice dev = 0;
-  GPUGUARD_CU_CHECK(cuDeviceGet, &dev, ordinal);
-  unsigned int flags = 0;
-  int active = 0;
-  GPUGUARD_CU_CHECK(cuDevicePrimaryCtxGetState, dev, &flags, &active);
-  return active != 0;
-}
-
 CudaStatus CudaDriver::status() {
   CudaStatus st;
   Status loaded = load();

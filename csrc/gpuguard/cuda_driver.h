@@ -69,8 +69,6 @@ class CudaDriver {
   Result<DeviceInfo> device(int ordinal);
   Result<std::vector<DeviceInfo>> devices();
   Result<bool> can_access_peer(int a, int b);
-  // Whether a primary context is active on `ordinal` (another library, e.g. torch, already used it).
-  Result<bool> primary_context_active(int ordinal);
 
   // Status for reports; never fails, loads and initialises if needed.
   CudaStatus status();

@@ -82,21 +82,11 @@ void bind_cuda_driver(py::module_& m) {
   m.def("driver_initialized", [] { return gpuguard::CudaDriver::instance().initialized(); },
         "Whether gpuguard has called cuInit in this process.");
 
-  m.def("library_candidates", &gpuguard::CudaDriver::library_candidates);
-
   m.def("can_access_peer", [](int a, int b) {
     auto r = gpuguard::CudaDriver::instance().can_access_peer(a, b);
     if (!r) throw std::runtime_error(r.error().message());
     return r.value();
   });
-
-  m.def("primary_context_active", [](int ordinal) {
-    auto r = gpuguard::CudaDriver::instance().primary_context_active(ordinal);
-    if (!r) throw std::runtime_error(r.error().message());
-    return r.value();
-  });
-
-  m.def("normalize_pci_bus_id", &gpuguard::normalize_pci_bus_id);
 }
 
 // ---- binding each process to its GPU (issue: bind) ---------------------------------------------------------
@@ -336,8 +326,6 @@ void bind_nccl(py::module_& m) {
     out["reason"] = st.reason;
     return out;
   }, "Loads NCCL (the copy already in the process first; $GPUGUARD_LIBNCCL overrides) and says what it is.");
-
-  m.def("nccl_library_candidates", &gpuguard::Nccl::library_candidates);
 
   m.def("nccl_unique_id", []() -> py::bytes {
     gpuguard::Result<gpuguard::NcclUniqueId> id = gpuguard::Error{};
