@@ -5,7 +5,7 @@ from __future__ import annotations
 from .recogniser import Recogniser
 from .recognisers.device_mismatch import DeviceMismatch
 from .recognisers.duplicate_gpu import DuplicateGpu
-from .recognisers.invalid_ordinal import InvalidDeviceOrdinal
+from .recognisers.invalid_device_ordinal import InvalidDeviceOrdinal
 from .recognisers.nccl_timeout import NcclTimeout
 from .recognisers.ray_gpu_count import RayGpuCount
 
