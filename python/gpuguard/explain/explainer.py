@@ -74,11 +74,10 @@ def _explainer_of(text: Union[str, bytes], match_local: bool) -> LogExplainer:
 def explain(text: Union[str, bytes], *, match_local: bool = True) -> list[Diagnosis]:
     """Diagnoses for every known failure in `text` (one message or a whole log); [] when none is recognised.
 
-    Recognises NCCL's duplicate-GPU errors (both generations), CUDA's "invalid device ordinal", PyTorch's
-    "Expected all tensors to be on the same device", NCCL watchdog timeouts (and hangs on the first
-    collective), and Ray's "Attempting to start raylet with N GPU". With ``match_local`` (default), PCI bus
-    ids from NCCL are matched to this host's GPUs through gpuguard.devices(), which initialises the CUDA
-    driver if nothing has yet; pass False to keep this process's CUDA untouched.
+    Recognises the failures listed in registry.RECOGNISERS (``HELP`` names them: NCCL's duplicate-GPU errors,
+    CUDA's "invalid device ordinal", PyTorch's "Expected all tensors to be on the same device", ...). With
+    ``match_local`` (default), PCI bus ids from NCCL are matched to this host's GPUs through gpuguard.devices(),
+    which initialises the CUDA driver if nothing has yet; pass False to keep this process's CUDA untouched.
     """
     return _explainer_of(text, match_local).diagnoses()
 
