@@ -88,8 +88,6 @@ class DuplicateGpu(Recogniser):
             devices = [f"cuda:{origin.nccl_device} in the process of {origin.describe() or 'a rank'}"] \
                 if origin.nccl_device is not None else []
             group.add(line.number, body, ranks=(origin.rank,), devices=devices)
-            if origin.host:
-                group.facts.setdefault("hosts", set()).add(origin.host)
             return True
         return False
 
