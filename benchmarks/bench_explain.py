@@ -30,8 +30,7 @@ import re
 import importlib
 e = importlib.import_module("gpuguard.explain")  # the package attribute `explain` is the function
 text = open(PATH, encoding="utf-8", errors="replace").read()
-patterns = [e._DUPLICATE, e._MULTI_RANK, e._MISMATCH_TWO, e._MISMATCH_GOT, e._INVALID_ORDINAL, e._WATCHDOG,
-            e._TIMEOUT_AT, e._RAY_GPUS]
+patterns = [p for r in e.RECOGNISERS for p in r.patterns]  # every recogniser's patterns
 hits = sum(1 for p in patterns for _ in p.finditer(text))
 kinds = ["(matches only: no grouping, ranks or explanation)"]
 """,

@@ -110,11 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_devices)
 
+    from .explain import HELP as EXPLAINS
+
     p = sub.add_parser("explain", help="decode an NCCL / PyTorch / Ray error message or a whole log",
                        description="Reads one error message or a whole log (ranks interleaved, launcher "
                                    "prefixes allowed) and explains each failure it recognises: the ranks and "
-                                   "devices involved, the cause and the fix. Exit status: 0 when something was "
-                                   "recognised, 1 when nothing was, 2 when the input cannot be read.")
+                                   f"devices involved, the cause and the fix. It recognises: {EXPLAINS}. Exit "
+                                   "status: 0 when something was recognised, 1 when nothing was, 2 when the "
+                                   "input cannot be read.")
     p.add_argument("file", nargs="?", metavar="FILE", help="the log to read; '-' or nothing reads standard input")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--no-local", action="store_true",

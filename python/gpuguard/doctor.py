@@ -193,11 +193,9 @@ def _visibility(report: DoctorReport) -> None:
 
     try:
         check_visibility(v, report.devices, report.cuda is not None and report.cuda.library_loaded)
-        message = f"{v.describe()}: {problem.reason}."
+        what, fix = f"{v.describe()}: {problem.reason}.", ""
     except LaunchEnvironmentError as exc:
-        message = str(exc)
-    fix_at = message.find("List each GPU once")
-    what, fix = (message[:fix_at].rstrip(), message[fix_at:]) if fix_at > 0 else (message, "")
+        what, fix = exc.without_fix(), exc.fix
     report.find("error", "visible_devices_invalid", what, fix)
 
 

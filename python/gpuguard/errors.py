@@ -6,11 +6,20 @@ from typing import Any
 
 
 class GpuGuardError(RuntimeError):
-    """Base of every error gpuguard raises. ``details`` holds the structured facts behind the message."""
+    """Base of every error gpuguard raises. ``details`` holds the structured facts behind the message; ``fix``
+    is the message's fix sentence(s), word for word as the message ends with them ("" when it names none)."""
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, *, fix: str = "", **details: Any) -> None:
         super().__init__(message)
+        self.fix: str = fix
         self.details: dict[str, Any] = details
+
+    def without_fix(self) -> str:
+        """The message up to its fix sentence(s): what is wrong, without how to fix it."""
+        message = str(self)
+        if self.fix and message.endswith(self.fix):
+            return message[: len(message) - len(self.fix)].rstrip()
+        return message
 
     def __getattr__(self, name: str) -> Any:
         details = self.__dict__.get("details", {})

@@ -47,10 +47,11 @@ def check_visibility(visibility: VisibleDevices, devices: Sequence[Device], driv
     honoured = ",".join(e.text for e in visibility.entries[:problem.position])
     shown = (f"the driver shows only the {_gpus(problem.position)} before it ({honoured})"
              if problem.position else "the driver shows no GPU at all")
+    fix = ("List each GPU once, by index or UUID, separated by single commas (e.g. CUDA_VISIBLE_DEVICES=0,1,2,3); "
+           "`gpuguard devices` shows what is there.")
     raise LaunchEnvironmentError(
         f"{visibility.describe()}: {problem.reason}. The driver stops reading CUDA_VISIBLE_DEVICES at the "
-        f"first bad entry without a word, so {shown}. List each GPU once, by index or UUID, separated by "
-        f"single commas (e.g. CUDA_VISIBLE_DEVICES=0,1,2,3); `gpuguard devices` shows what is there.",
+        f"first bad entry without a word, so {shown}. {fix}", fix=fix,
         variable="CUDA_VISIBLE_DEVICES", value=visibility.raw, problem=problem.kind,
         position=problem.position, entry=problem.entry)
 
@@ -77,6 +78,12 @@ def resolve_device(context: LaunchContext, devices: Sequence[Device], visibility
     raise _rank_mapping_error(context, n, visibility, host)
 
 
+_REQUEST_A_GPU = ("Request a GPU for the actor: @ray.remote(num_gpus=1) or ActorClass.options(num_gpus=1) "
+                  "(gpuguard.ray_placement does this).")
+_LEAVE_IT_TO_RAY = ("Leave CUDA_VISIBLE_DEVICES to Ray inside actors, or unset "
+                    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES.")
+
+
 def _ray_index(context: LaunchContext, devices: Sequence[Device], visibility: VisibleDevices,
                host: str) -> tuple[int, str]:
     ids = list(context.extra.get("ray_gpu_ids") or [])
@@ -85,8 +92,7 @@ def _ray_index(context: LaunchContext, devices: Sequence[Device], visibility: Vi
         raise RankMappingError(
             f"Rank {context.rank} is a Ray worker that Ray gave no GPU (num_gpus=0), yet this process on "
             f"{host} sees {_gpus(len(devices))} ({visibility.describe()}), so any choice would be a guess that "
-            f"collides with the actors that own them. Request a GPU for the actor: "
-            f"@ray.remote(num_gpus=1) or ActorClass.options(num_gpus=1) (gpuguard.ray_placement does this).",
+            f"collides with the actors that own them. {_REQUEST_A_GPU}", fix=_REQUEST_A_GPU,
             rank=context.rank, host=host, ray_gpu_ids=ids, visible_device_count=len(devices))
     gpu_id = ids[0]
     if visibility.set:
@@ -101,8 +107,8 @@ def _ray_index(context: LaunchContext, devices: Sequence[Device], visibility: Vi
            "Ray writes its ids into CUDA_VISIBLE_DEVICES, so something changed the variable after Ray set it")
     raise RankMappingError(
         f"Rank {context.rank} is a Ray worker assigned GPU id {gpu_id} (Ray ids: {', '.join(ids)}), but "
-        f"{visibility.describe()} on {host} has no such entry ({_gpus(len(devices))} visible). {how}. Leave "
-        f"CUDA_VISIBLE_DEVICES to Ray inside actors, or unset RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES.",
+        f"{visibility.describe()} on {host} has no such entry ({_gpus(len(devices))} visible). {how}. "
+        f"{_LEAVE_IT_TO_RAY}", fix=_LEAVE_IT_TO_RAY,
         rank=context.rank, host=host, ray_gpu_ids=ids, cuda_visible_devices=visibility.raw,
         visible_device_count=len(devices))
 

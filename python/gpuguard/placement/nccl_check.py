@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from .. import _C
 from ..deadline import Deadline
-from ..explain import explain
+from ..explain import kinds_in
 from .exchange import MAX_REPORTED_DEVICES, TIMEOUT_GRACE_S, publish, read_verdict
 from .identity import RankIdentity
 from .stores import CheckedStore, Store
@@ -22,9 +22,13 @@ from .verdict import Verdict
 MAX_FAILURE_REPORT_BYTES = 16384
 
 
+#: The fix the duplicate verdict names (its error's ``fix``).
+DUPLICATE_FIX = "give every rank of the group its own GPU (see gpuguard.bind()'s placement report)."
+
+
 def _names_a_duplicate(texts: str) -> bool:
-    """Whether NCCL's own words say two ranks share a GPU: the explain recogniser decides, not a substring."""
-    return any(d.kind == "duplicate_gpu" for d in explain(texts, match_local=False))
+    """Whether NCCL's own words say two ranks share a GPU: explain's recogniser decides, not a substring."""
+    return "duplicate_gpu" in kinds_in(texts)
 
 
 def _verdict_from(failures: list[dict[str, Any]], failed_total: int, me: RankIdentity, timeout: float) -> Verdict:
@@ -40,8 +44,7 @@ def _verdict_from(failures: list[dict[str, Any]], failed_total: int, me: RankIde
         return Verdict("duplicate",
                        f"NCCL refused to form a communicator for group '{me.group}': two ranks share a GPU "
                        f"({failed_total} of {me.world_size} ranks failed):\n" + "\n".join(lines) +
-                       "\nFix: give every rank of the group its own GPU (see gpuguard.bind()'s placement report).",
-                       details)
+                       "\nFix: " + DUPLICATE_FIX, dict(details, fix=DUPLICATE_FIX))
     if all(f["verdict"] == "timed out" for f in failures):
         return Verdict("timeout",
                        f"NCCL did not form a communicator for group '{me.group}' within {timeout:g} s on "

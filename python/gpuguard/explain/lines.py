@@ -1,0 +1,110 @@
+"""Reading a log: lines cut at MAX_LINE_CHARS, and the prefixes launchers add stripped to tell who printed each."""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from typing import IO, Any, Iterator, Optional, Union
+
+# Lines longer than this are cut; the rest of such a line is skipped without being held in memory.
+MAX_LINE_CHARS = 16 * 1024
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Ray driver output of worker lines: "(RayWorker pid=123)" / "(WorkerDict pid=123, ip=10.0.0.5)" / "(pid=123)"
+# (ray/_private/worker.py, print_worker_logs).
+_RAY_PREFIX = re.compile(r"\((?:(?P<actor>[^\s()]+) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\)\s*")
+# torch.distributed's excepthook and c10 logging: "[rank1]: Traceback", "[rank1]:[E810 ...]"
+# (torch/distributed/distributed_c10d.py, excepthook_prefix).
+_RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]:\s*")
+# torchrun's per-worker tee prefix "[default0]:" = role name + LOCAL rank
+# (torch/distributed/elastic/multiprocessing/tail_log.py); "[3]:" with log_line_prefix_template="[${rank}]:".
+_ROLE_PREFIX = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local>\d+)\]:\s*")
+_NUMBER_PREFIX = re.compile(r"\[(?P<rank>\d+)\]:\s*")
+# NCCL's own WARN line prefix (src/debug.cc): "[timestamp] host:pid:tid [cudaDev] file:line (func) NCCL WARN".
+_NCCL_WARN_PREFIX = re.compile(
+    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] \S+:\d+(?: \([^)]*\))? NCCL WARN")
+
+
+@dataclass
+class Origin:
+    """Who printed a line, as far as its prefixes tell."""
+
+    rank: Optional[int] = None          # global rank
+    local_rank: Optional[int] = None    # torchrun "[default3]:"
+    pid: Optional[int] = None           # Ray "(X pid=...)" or NCCL's host:pid:tid
+    host: Optional[str] = None          # NCCL's host, or Ray's ip
+    nccl_device: Optional[int] = None   # NCCL's "[cudaDev]": the CUDA ordinal of the rank that warned
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.rank, self.local_rank, self.pid, self.host)
+
+    def describe(self) -> str:
+        parts = []
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.local_rank is not None:
+            parts.append(f"local rank {self.local_rank}")
+        if self.host:
+            parts.append(f"host {self.host}")
+        if self.pid is not None:
+            parts.append(f"pid {self.pid}")
+        return ", ".join(parts)
+
+
+def strip_prefixes(line: str) -> tuple[str, Origin]:
+    """The line's text without ANSI colours and launcher prefixes, and who printed it."""
+    text = _ANSI.sub("", line).rstrip("\r\n")
+    origin = Origin()
+    pos = 0
+    while True:
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        m = _RAY_PREFIX.match(text, pos)
+        if m:
+            origin.pid = int(m.group("pid"))
+            if m.group("ip"):
+                origin.host = m.group("ip")
+            pos = m.end()
+            continue
+        m = _RANK_PREFIX.match(text, pos) or _NUMBER_PREFIX.match(text, pos)
+        if m:
+            origin.rank = int(m.group("rank"))
+            pos = m.end()
+            continue
+        m = _ROLE_PREFIX.match(text, pos)
+        if m:
+            origin.local_rank = int(m.group("local"))
+            pos = m.end()
+            continue
+        break
+    body = text[pos:]
+    m = _NCCL_WARN_PREFIX.search(body)
+    if m:
+        origin.host = m.group("host")
+        origin.pid = int(m.group("pid"))
+        origin.nccl_device = int(m.group("dev"))
+    return body, origin
+
+
+def iter_lines(stream: Union[IO[str], IO[bytes]]) -> Iterator[str]:
+    """The lines of a text or binary stream, decoded with errors='replace', each cut at MAX_LINE_CHARS.
+
+    Never holds more than one (cut) line: the remainder of an overlong line is read and dropped in bounded
+    pieces. '\\r' ends a line too (progress bars), as it does for a terminal.
+    """
+    if isinstance(stream, io.TextIOBase) and not hasattr(stream, "buffer"):
+        text: IO[str] = stream  # type: ignore[assignment]
+    else:
+        binary = getattr(stream, "buffer", stream)
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors="replace", newline=None)  # type: ignore[arg-type]
+    while True:
+        line = text.readline(MAX_LINE_CHARS)
+        if not line:
+            return
+        if len(line) >= MAX_LINE_CHARS and not line.endswith("\n"):
+            while True:
+                rest = text.readline(MAX_LINE_CHARS)
+                if not rest or rest.endswith("\n"):
+                    break
+        yield line

@@ -1,0 +1,1 @@
+"""One module per failure explain recognises, each a Recogniser subclass; registry.py lists them in order."""

@@ -1,0 +1,80 @@
+"""PyTorch's "Expected all tensors to be on the same device": one operation got tensors on two devices."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ..model import MAX_DEVICES, Diagnosis, Group
+from ..recogniser import Groups, Host, Line, Recogniser
+
+# ATen, aten/src/ATen/core/op_registration/adaption.cpp (common_device_check_failure), up to torch 2.5:
+#   "Expected all tensors to be on the same device, but found at least two devices, cuda:3 and cuda:1!
+#    (when checking argument for argument mat1 in method wrapper_CUDA_addmm)"
+# TensorIterator and many kernels print the first sentence alone. Since torch 2.6 adaption.cpp prints:
+#   "Expected all tensors to be on the same device, but got mat1 is on cuda:0, different from other tensors
+#    on cpu (when checking argument in method wrapper_CUDA_addmm)"
+_MISMATCH_TWO = re.compile(
+    r"Expected all tensors to be on the same (?:common )?device, but found at least two devices, "
+    r"(?P<a>[\w:]+) and (?P<b>[\w:]+)!"
+    r"(?: \(when checking ar(?:gu|ug)ment for argument (?P<arg>\w+) in method (?P<method>[\w.]+)\))?")
+_MISMATCH_GOT = re.compile(
+    r"Expected all tensors to be on the same device, but got (?P<arg>\w+) is on (?P<a>[\w:]+), "
+    r"different from other tensors on (?P<b>[\w:]+)(?: \(when checking argument in method (?P<method>[\w.]+)\))?")
+
+
+class DeviceMismatch(Recogniser):
+    """Inputs of one operation on two devices (GPU and GPU, or GPU and CPU)."""
+
+    kinds = ("device_mismatch",)
+    keywords = ("to be on the same",)
+    patterns = (_MISMATCH_TWO, _MISMATCH_GOT)
+    help = "PyTorch 'Expected all tensors to be on the same device'"
+
+    def read(self, line: Line, groups: Groups) -> bool:
+        body, origin = line.body, line.origin
+        m = _MISMATCH_TWO.search(body) or _MISMATCH_GOT.search(body)
+        if not m:
+            return False
+        group = groups("device_mismatch")
+        group.add(line.number, body, ranks=(origin.rank,), devices=(m.group("a"), m.group("b")))
+        group.source(origin)
+        pairs = group.facts.setdefault("pairs", {})
+        pair = (m.group("a"), m.group("b"))
+        if pair in pairs or len(pairs) < MAX_DEVICES:
+            pairs.setdefault(pair, set())
+            arg, method = m.groupdict().get("arg"), m.groupdict().get("method")
+            if arg or method:
+                if len(pairs[pair]) < 8:
+                    pairs[pair].add((arg, method))
+        return True
+
+    def build(self, kind: str, group: Group, host: Host) -> Diagnosis:
+        pairs: dict[tuple[str, str], set[tuple[Optional[str], Optional[str]]]] = group.facts.get("pairs", {})
+        parts = []
+        for (a, b), where in pairs.items():
+            detail = ""
+            args = sorted({w[0] for w in where if w[0]})
+            methods = sorted({w[1] for w in where if w[1]})
+            if args:
+                detail += f" (argument {', '.join(args)}"
+                detail += f" of {', '.join(methods)})" if methods else ")"
+            elif methods:
+                detail += f" (in {', '.join(methods)})"
+            parts.append(f"{a} and {b}{detail}")
+        ranks = sorted(group.ranks)
+        who = group.who()
+        summary = f"An operation{who} got tensors on different devices: " + "; ".join(parts) + "."
+        involves_cpu = any("cpu" in (a, b) for a, b in pairs)
+        cause = ("PyTorch runs an operation on one device; here its inputs were on two. Typical causes: a model "
+                 "spread over several GPUs (device_map='auto', a framework placing layers on every visible GPU) "
+                 "fed inputs moved by hand to a fixed cuda:N; DataParallel's output_device differing from the "
+                 "target's device; tensors created inside forward without device=.")
+        if involves_cpu:
+            cause += " One side is the CPU: a buffer or tensor kept as a plain attribute is not moved by .to(device)."
+        fix = ("gpuguard.assert_same_device(model, *inputs) names every parameter, buffer and input on each device; "
+               "gpuguard.guard(model, deep=True) names the first layer whose inputs disagree with its weights. Move "
+               "the inputs to the device of the layer that receives them (next(model.parameters()).device for a "
+               "one-device model), and register tensors as buffers so that .to() moves them.")
+        return Diagnosis(kind, summary, tuple(ranks), tuple(group.devices), cause, fix, group.sorted_evidence(),
+                         group.occurrences)

@@ -1,0 +1,163 @@
+"""NCCL's "Duplicate GPU detected" (<= 2.29) and "Multiple Ranks are using the same GPU" (>= 2.30)."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ..model import MAX_DEVICES, MAX_RANKS, Diagnosis, Group, ranks_phrase, ranks_text
+from ..recogniser import Groups, Host, Line, Recogniser
+
+# NCCL <= 2.29, src/init.cc (initTransportsRank):
+#   WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", rank, i, busId)
+# (older releases printed the bus id with %x).
+_DUPLICATE = re.compile(
+    r"Duplicate GPU detected : rank (?P<a>\d+) and rank (?P<b>\d+) both on CUDA device (?P<dev>[0-9A-Fa-f]+)")
+# NCCL >= 2.30, src/init.cc (initTransportsRank):
+#   WARN("Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this "
+#        "configuration.")
+_MULTI_RANK = re.compile(r"Multiple Ranks are using the same GPU/Partition")
+
+
+def nccl_device_to_pci_bus_id(number: str) -> Optional[str]:
+    """The PCI bus id behind the device number in NCCL's "Duplicate GPU detected" message.
+
+    NCCL's busIdToInt64 (src/misc/utils.cc) drops ':' and '.' from the bus id string and reads the rest as
+    hex; the message prints that integer with %lx. int64ToBusId, in the same file, inverts it with
+    "%04lx:%02lx:%02lx.%01lx" of (id >> 20, (id & 0xff000) >> 12, (id & 0xff0) >> 4, id & 0xf), which is
+    what this does: "10000" -> "0000:10:00.0", "50" -> "0000:00:05.0". None when it is not such a number.
+    """
+    text = number.strip().lower()
+    if text.startswith("0x"):
+        text = text[2:]
+    if not text or len(text) > 16 or any(c not in "0123456789abcdef" for c in text):
+        return None
+    value = int(text, 16)
+    return f"{value >> 20:04x}:{(value & 0xFF000) >> 12:02x}:{(value & 0xFF0) >> 4:02x}.{value & 0xF:01x}"
+
+
+class _UnionFind:
+    """The sets of ranks NCCL's pairs put on one GPU."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, x: int) -> int:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+class DuplicateGpu(Recogniser):
+    """Two or more ranks of one NCCL communicator on one GPU, as NCCL reports it."""
+
+    kinds = ("duplicate_gpu",)
+    keywords = ("Duplicate GPU detected", "Multiple Ranks are using the same GPU")
+    patterns = (_DUPLICATE, _MULTI_RANK)
+    help = "NCCL duplicate-GPU errors"
+
+    def read(self, line: Line, groups: Groups) -> bool:
+        body, origin = line.body, line.origin
+        m = _DUPLICATE.search(body)
+        if m:
+            group = groups("duplicate_gpu")
+            # (host, pci bus id) -> ranks, as NCCL's pairs join them; the number NCCL printed for it
+            dup_ranks: dict[tuple[str, str], _UnionFind] = group.facts.setdefault("dup_ranks", {})
+            dup_numbers: dict[tuple[str, str], str] = group.facts.setdefault("dup_numbers", {})
+            a, b, number = int(m.group("a")), int(m.group("b")), m.group("dev")
+            bus = nccl_device_to_pci_bus_id(number) or f"NCCL device {number}"
+            key = (origin.host or "", bus)
+            if key not in dup_ranks and len(dup_ranks) >= MAX_DEVICES:
+                return True
+            uf = dup_ranks.setdefault(key, _UnionFind())
+            if len(uf.parent) < MAX_RANKS:
+                uf.union(a, b)
+            dup_numbers[key] = number
+            group.add(line.number, body, ranks=(a, b, origin.rank))
+            return True
+        if _MULTI_RANK.search(body):
+            group = groups("duplicate_gpu")
+            group.facts["multi_rank_message"] = True
+            devices = [f"cuda:{origin.nccl_device} in the process of {origin.describe() or 'a rank'}"] \
+                if origin.nccl_device is not None else []
+            group.add(line.number, body, ranks=(origin.rank,), devices=devices)
+            return True
+        return False
+
+    def build(self, kind: str, group: Group, host: Host) -> Diagnosis:
+        devices: list[str] = []
+        sharing: list[str] = []
+        all_sets: list[list[int]] = []
+        dup_numbers: dict[tuple[str, str], str] = group.facts.get("dup_numbers", {})
+        for (on, bus), uf in group.facts.get("dup_ranks", {}).items():
+            sets: dict[int, list[int]] = {}
+            for r in uf.parent:
+                sets.setdefault(uf.find(r), []).append(r)
+            where = _where(host, on, bus)
+            number = dup_numbers[(on, bus)]
+            label = f"{bus} (NCCL's 'CUDA device {number}')" if not bus.startswith("NCCL") else bus
+            devices.append(label + (f" {where}" if where else ""))
+            for ranks in sets.values():
+                all_sets.append(sorted(ranks))
+                sharing.append(f"ranks {ranks_text(ranks)} share {bus}" + (f" on host {on}" if on else ""))
+        multi = group.facts.get("multi_rank_message", False)
+        for d in group.devices:
+            devices.append(d)
+        if sharing:
+            summary = "Two or more ranks of one NCCL communicator are on the same GPU: " + "; ".join(sharing) + "."
+        else:
+            who = f" (reported by {ranks_phrase(group.ranks)})" if group.ranks else ""
+            summary = ("Two or more ranks of one NCCL communicator are on the same GPU or MIG partition" + who +
+                       ". NCCL 2.30 and later do not say which ranks or which GPU.")
+        cause = _cause(all_sets)
+        fix = ("Give every rank its own GPU: call torch.cuda.set_device(local_rank) (LOCAL_RANK from the launcher) "
+               "before init_process_group, or use gpuguard.init_process_group(), which binds each rank to its GPU "
+               "and stops every rank with one report naming all ranks per device before NCCL starts. Start no more "
+               "processes per node than it has GPUs; in Ray give each NCCL actor num_gpus=1 (with verl, "
+               "max_colocate_count=1).")
+        if multi:
+            fix += (" Set NCCL_MULTI_RANK_GPU_ENABLE=1 only if sharing is intended (several ranks on purpose on one "
+                    "GPU or one MIG instance); it does not fix a placement mistake.")
+        return Diagnosis(kind, summary, tuple(sorted(group.ranks)), tuple(devices), cause, fix,
+                         group.sorted_evidence(), group.occurrences)
+
+
+def _cause(sets: list[list[int]]) -> str:
+    base = ("NCCL found two ranks on one host whose GPUs have the same PCI bus id, so they share one GPU. ")
+    if sets and len(sets) == 1 and len(sets[0]) > 2:
+        return base + ("Every rank named is on the same GPU: most often torch.cuda.set_device was not called "
+                       "(every rank stays on cuda:0), or every rank was given the same CUDA_VISIBLE_DEVICES.")
+    strides = {b - a for s in sets for a, b in zip(s, s[1:])}
+    if sets and len(strides) == 1 and next(iter(strides)) > 1:
+        g = next(iter(strides))
+        return base + (f"The ranks sharing a GPU differ by {g}: the pattern of device = rank % {g}, i.e. more "
+                       f"processes per node than its {g} GPU(s) (nproc_per_node larger than the GPU count).")
+    return base + ("Common causes: a missing torch.cuda.set_device(local_rank); more processes per node than "
+                   "GPUs; Ray actors given fractional GPUs (num_gpus < 1, verl max_colocate_count > 1); the same "
+                   "CUDA_VISIBLE_DEVICES for every rank.")
+
+
+def _where(host: Host, on: str, bus: str) -> str:
+    """Where a bus id is on this machine, if the log was written here; '' when that cannot be told."""
+    if not host.match_local or bus.startswith("NCCL"):
+        return ""
+    if on and on != host.name():
+        return f"on host {on} (not this host, {host.name()}: not matched to a local GPU)"
+    local = host.devices()
+    if not local:
+        return ""
+    match = next((d for d in local if str(getattr(d, "pci_bus_id", "")).lower() == bus), None)
+    if match is None:
+        if on:
+            return "(no GPU visible on this host has this bus id)"
+        return "(no GPU visible here has this bus id: the log is from another host, or it is hidden here)"
+    if on:  # NCCL's prefix names this very host
+        return f"= GPU {match.index} on this host ({match.uuid})"
+    return f"= GPU {match.index} here ({match.uuid}), if the job ran on this host"
