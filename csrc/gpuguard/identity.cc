@@ -287,16 +287,6 @@ HostFingerprint host_fingerprint() {
   return host_fingerprint_from(name, std::getenv("NCCL_HOSTID"), boot_id);
 }
 
-bool IdentityRecord::operator==(const IdentityRecord& o) const {
-  return group == o.group && rank == o.rank && local_rank == o.local_rank && world_size == o.world_size &&
-         local_world_size == o.local_world_size && host_hash == o.host_hash && hostname == o.hostname &&
-         gpu_uuid == o.gpu_uuid && pci_bus_id == o.pci_bus_id && gpu_index == o.gpu_index && pid == o.pid &&
-         cuda_visible_devices == o.cuda_visible_devices && visible_device_count == o.visible_device_count &&
-         launcher == o.launcher && multi_rank_gpu_enabled == o.multi_rank_gpu_enabled &&
-         failure_kind == o.failure_kind && failure_text == o.failure_text && gpu_fraction == o.gpu_fraction &&
-         ray_gpu_ids == o.ray_gpu_ids;
-}
-
 Status validate_identity(const IdentityRecord& record) {
   std::string problem = first_problem(record);
   if (!problem.empty()) return record_error(problem);

@@ -78,7 +78,7 @@ struct IdentityRecord {
   std::optional<double> gpu_fraction;
   std::string ray_gpu_ids;
 
-  bool operator==(const IdentityRecord& other) const;
+  bool operator==(const IdentityRecord& other) const = default;
 };
 
 // Format version 1: "GGID", version byte, flags (u16), then the fields in declaration order: integers

@@ -1,6 +1,8 @@
 // gpuguard._C: pybind11 bindings over the C++ core, and nothing else. The public API is python/gpuguard/.
-#include <algorithm>
+#include <functional>
 #include <map>
+#include <optional>
+#include <tuple>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -14,32 +16,272 @@
 #include "gpuguard/visible_devices.h"
 #include "gpuguard/tensor_devices.h"
 #include "gpuguard/placement.h"
+#include "record.h"
 
 namespace py = pybind11;
 
 namespace {
 
-py::dict device_to_dict(const gpuguard::DeviceInfo& d) {
-  py::dict out;
-  out["index"] = d.index;
-  out["name"] = d.name;
-  out["uuid"] = d.uuid;
-  out["pci_bus_id"] = d.pci_bus_id;
-  out["total_memory"] = d.total_memory;
-  out["compute_capability"] = py::make_tuple(d.cc_major, d.cc_minor);
-  out["multiprocessors"] = d.multiprocessors;
-  return out;
+using gpuguard::python::Record;
+
+// The enum value whose name is `name` (the core names enum values; this inverts that for records built in Python).
+template <typename E>
+E enum_named(const std::string& name, int count, const std::function<const char*(E)>& name_of, const char* what) {
+  for (int i = 0; i < count; ++i) {
+    if (name == name_of(static_cast<E>(i))) return static_cast<E>(i);
+  }
+  throw py::value_error(std::string("unknown ") + what + " '" + name + "'");
 }
 
-py::dict error_to_dict(const gpuguard::Error& e) {
-  py::dict out;
-  out["library"] = e.library;
-  out["call"] = e.call;
-  out["code_name"] = e.code_name;
-  out["code"] = e.code;
-  out["detail"] = e.detail;
-  out["message"] = e.message();
-  return out;
+// ---- records that cross the boundary ----------------------------------------------------------------------
+
+void bind_records(py::module_& m) {
+  using gpuguard::CudaStatus;
+  using gpuguard::DeviceInfo;
+  using gpuguard::Error;
+  using gpuguard::IdentityRecord;
+  using gpuguard::NcclProbeOutcome;
+  using gpuguard::NcclStatus;
+  using gpuguard::PlacementCause;
+  using gpuguard::PlacementReport;
+  using gpuguard::SharedDevice;
+  using gpuguard::VisibleDevices;
+  using gpuguard::VisibleDevicesProblem;
+  using gpuguard::VisibleEntry;
+  using OptStr = std::optional<std::string>;
+  using OptInt = std::optional<int>;
+
+  Record<Error>(m, "ErrorInfo", "What a library call of the core failed with.")
+      .field("library", &Error::library)
+      .field("call", &Error::call)
+      .field("code_name", &Error::code_name)
+      .field("code", &Error::code)
+      .field("detail", &Error::detail)
+      .field("where", &Error::where)
+      .derived<std::string>("message", [](const Error& e) { return e.message(); })
+      .done();
+
+  Record<DeviceInfo> device(m, "Device",
+                            "One visible CUDA device. ``index`` is its ordinal in this process (what ``cuda:N`` "
+                            "means here).");
+  device.field("index", &DeviceInfo::index)
+      .field("name", &DeviceInfo::name)
+      .field("uuid", &DeviceInfo::uuid)
+      .field("pci_bus_id", &DeviceInfo::pci_bus_id)
+      .field("total_memory", &DeviceInfo::total_memory)
+      .field<std::tuple<int, int>>(
+          "compute_capability", [](const DeviceInfo& d) { return std::make_tuple(d.cc_major, d.cc_minor); },
+          [](DeviceInfo& d, const std::tuple<int, int>& cc) { std::tie(d.cc_major, d.cc_minor) = cc; })
+      .field("multiprocessors", &DeviceInfo::multiprocessors);
+  device.cls().def_property_readonly("total_memory_gib",
+                                     [](const DeviceInfo& d) { return static_cast<double>(d.total_memory) / (1 << 30); });
+  device.done();
+
+  Record<CudaStatus> status(m, "CudaStatus",
+                            "What the driver said: loaded or not, its version, how many devices, and why there "
+                            "are none.");
+  status.field("library_loaded", &CudaStatus::library_loaded)
+      .field("initialized", &CudaStatus::initialized)
+      .field("library", &CudaStatus::library)
+      .field("driver_version", &CudaStatus::driver_version)
+      .field("device_count", &CudaStatus::device_count)
+      .field<OptStr>(
+          "visible_devices_at_init",
+          [](const CudaStatus& s) { return s.visible_devices_set_at_init ? OptStr(s.visible_devices_at_init) : OptStr(); },
+          [](CudaStatus& s, const OptStr& v) {
+            s.visible_devices_set_at_init = v.has_value();
+            s.visible_devices_at_init = v.value_or("");
+          })
+      .field("reason", &CudaStatus::reason);
+  status.cls().def_property_readonly("driver_version_string", [](const CudaStatus& s) -> std::string {
+    if (!s.driver_version) return "unknown";
+    return std::to_string(s.driver_version / 1000) + "." + std::to_string((s.driver_version % 1000) / 10);
+  });
+  status.done();
+
+  // CUDA_VISIBLE_DEVICES parsed by the driver's rules
+  using EntryKind = VisibleEntry::Kind;
+  using ProblemKind = VisibleDevicesProblem::Kind;
+  Record<VisibleEntry>(m, "VisibleEntry", "One entry: ``kind`` is \"index\", \"uuid\", \"uuid_prefix\" or \"mig\".")
+      .field<std::string>(
+          "kind", [](const VisibleEntry& e) { return VisibleDevices::kind_name(e.kind); },
+          [](VisibleEntry& e, const std::string& v) {
+            e.kind = enum_named<EntryKind>(v, 4, [](EntryKind k) { return VisibleDevices::kind_name(k); },
+                                           "entry kind");
+          })
+      .field("text", &VisibleEntry::text)
+      .field<OptInt>(
+          "index", [](const VisibleEntry& e) { return e.kind == EntryKind::kIndex ? OptInt(e.index) : OptInt(); },
+          [](VisibleEntry& e, const OptInt& v) { e.index = v.value_or(-1); })
+      .field<OptStr>(
+          "uuid", [](const VisibleEntry& e) { return e.kind == EntryKind::kIndex ? OptStr() : OptStr(e.uuid); },
+          [](VisibleEntry& e, const OptStr& v) { e.uuid = v.value_or(""); })
+      .done();
+
+  Record<VisibleDevicesProblem>(m, "VisibilityProblem",
+                                "The first entry the driver stops at: ``kind`` is \"empty\", \"malformed\", "
+                                "\"duplicate\" or \"rejected\"; ``position`` is 0-based.")
+      .field<std::string>(
+          "kind", [](const VisibleDevicesProblem& p) { return VisibleDevices::kind_name(p.kind); },
+          [](VisibleDevicesProblem& p, const std::string& v) {
+            p.kind = enum_named<ProblemKind>(v, 4, [](ProblemKind k) { return VisibleDevices::kind_name(k); },
+                                             "problem kind");
+          })
+      .field("position", &VisibleDevicesProblem::position)
+      .field("entry", &VisibleDevicesProblem::entry)
+      .field<OptInt>(
+          "same_as", [](const VisibleDevicesProblem& p) { return p.same_as >= 0 ? OptInt(p.same_as) : OptInt(); },
+          [](VisibleDevicesProblem& p, const OptInt& v) { p.same_as = v.value_or(-1); })
+      .field("reason", &VisibleDevicesProblem::reason)
+      .done();
+
+  Record<VisibleDevices> visible(m, "VisibleDevices",
+                                 "CUDA_VISIBLE_DEVICES as the driver reads it: ``entries`` are what it honours "
+                                 "(those before the first problem).");
+  visible.field("set", &VisibleDevices::set)
+      .field<OptStr>(
+          "raw", [](const VisibleDevices& v) { return v.set ? OptStr(v.raw) : OptStr(); },
+          [](VisibleDevices& v, const OptStr& raw) { v.raw = raw.value_or(""); })
+      .field("entries", &VisibleDevices::entries)
+      .field("problem", &VisibleDevices::problem)
+      .field("hides_all_on_purpose", &VisibleDevices::hides_all_on_purpose);
+  visible.cls().def("describe", [](const VisibleDevices& v) -> std::string {
+    if (!v.set) return "CUDA_VISIBLE_DEVICES unset";
+    return "CUDA_VISIBLE_DEVICES=" + std::string(py::repr(py::str(v.raw)));
+  }, "For messages: ``CUDA_VISIBLE_DEVICES='0,1'`` or ``CUDA_VISIBLE_DEVICES unset``.");
+  visible.done();
+
+  // identity records and the placement analysis
+  Record<IdentityRecord> identity(m, "IdentityRecord",
+                                  "One rank's identity record, the who-is-where the ranks exchange.");
+  identity.field("rank", &IdentityRecord::rank)
+      .field("world_size", &IdentityRecord::world_size)
+      .field("group", &IdentityRecord::group)
+      .field("local_rank", &IdentityRecord::local_rank)
+      .field("local_world_size", &IdentityRecord::local_world_size)
+      .field("host_hash", &IdentityRecord::host_hash)
+      .field("hostname", &IdentityRecord::hostname)
+      .field("gpu_uuid", &IdentityRecord::gpu_uuid)
+      .field("pci_bus_id", &IdentityRecord::pci_bus_id)
+      .field("gpu_index", &IdentityRecord::gpu_index)
+      .field("pid", &IdentityRecord::pid)
+      .field("cuda_visible_devices", &IdentityRecord::cuda_visible_devices)
+      .field("visible_device_count", &IdentityRecord::visible_device_count)
+      .field("launcher", &IdentityRecord::launcher)
+      .field("multi_rank_gpu_enabled", &IdentityRecord::multi_rank_gpu_enabled)
+      .field("failure_kind", &IdentityRecord::failure_kind)
+      .field("failure_text", &IdentityRecord::failure_text)
+      .field("gpu_fraction", &IdentityRecord::gpu_fraction)
+      .field("ray_gpu_ids", &IdentityRecord::ray_gpu_ids);
+  identity.cls()
+      .def("encode", [](const IdentityRecord& r) {
+        auto bytes = gpuguard::encode_identity(r);
+        if (!bytes) {
+          py::object error = py::module_::import("gpuguard.errors").attr("GpuGuardError");
+          py::dict details;
+          details["rank"] = r.rank;
+          PyErr_SetObject(error.ptr(), error("gpuguard could not describe rank " + std::to_string(r.rank) +
+                                                 " for the cross-rank check: " + bytes.error().message(),
+                                             **details).ptr());
+          throw py::error_already_set();
+        }
+        return py::bytes(bytes.value());
+      }, "The compact encoding peers decode; GpuGuardError naming the bad field.")
+      .def_static("decode", [](const py::bytes& data) {
+        auto r = gpuguard::decode_identity(std::string_view(data));
+        if (!r) throw py::value_error(r.error().message());
+        return std::move(r).value();
+      }, py::arg("data"), "Strictly decodes a peer's identity record; ValueError saying what is malformed.");
+  identity.done();
+
+  auto cause_names = [](const std::vector<PlacementCause>& causes) {
+    std::vector<std::string> out;
+    for (auto c : causes) out.emplace_back(gpuguard::placement_cause_name(c));
+    return out;
+  };
+  auto causes_named = [](const std::vector<std::string>& names) {
+    std::vector<PlacementCause> out;
+    for (const auto& n : names) {
+      out.push_back(enum_named<PlacementCause>(n, 6, gpuguard::placement_cause_name, "placement cause"));
+    }
+    return out;
+  };
+  using Names = std::vector<std::string>;
+  Record<SharedDevice>(m, "SharedDevice", "One GPU that several ranks of a group sit on; ``records`` by rank.")
+      .field("group", &SharedDevice::group)
+      .field("gpu_uuid", &SharedDevice::gpu_uuid)
+      .field("pci_bus_id", &SharedDevice::pci_bus_id)
+      .field("total_ranks", &SharedDevice::total_ranks)
+      .field("records", &SharedDevice::ranks)
+      .field<Names>("causes", [=](const SharedDevice& d) { return cause_names(d.causes); },
+                    [=](SharedDevice& d, const Names& v) { d.causes = causes_named(v); })
+      .field("warning_only", &SharedDevice::warning_only)
+      .derived<std::vector<int>>("ranks", [](const SharedDevice& d) {
+        std::vector<int> out;
+        for (const auto& r : d.ranks) out.push_back(r.rank);
+        return out;
+      })
+      .derived<Names>("hosts", [](const SharedDevice& d) {
+        Names out;
+        for (const auto& r : d.ranks) out.push_back(r.hostname);
+        return out;
+      })
+      .done();
+
+  using Severity = PlacementReport::Severity;
+  Record<PlacementReport>(m, "PlacementReport", "The duplicate-device analysis: severity, the full message, the "
+                                                "shared devices.")
+      .field<std::string>("severity", [](const PlacementReport& r) { return r.severity_name(); },
+                          [](PlacementReport& r, const std::string& v) {
+                            r.severity = enum_named<Severity>(v, 3, [](Severity s) {
+                              PlacementReport tmp;
+                              tmp.severity = s;
+                              return tmp.severity_name();
+                            }, "severity");
+                          })
+      .field("message", &PlacementReport::message)
+      .field("shared_devices_total", &PlacementReport::shared_devices_total)
+      .field("ranks_sharing_total", &PlacementReport::ranks_sharing_total)
+      .field<Names>("causes", [=](const PlacementReport& r) { return cause_names(r.causes); },
+                    [=](PlacementReport& r, const Names& v) { r.causes = causes_named(v); })
+      .field("shared", &PlacementReport::shared)
+      .done();
+
+  // NCCL
+  Record<NcclStatus>(m, "NcclStatus", "NCCL as gpuguard's loader found it; ``reason`` says why it is unusable.")
+      .field("loaded", &NcclStatus::loaded)
+      .field("already_in_process", &NcclStatus::already_in_process)
+      .field("library", &NcclStatus::library)
+      .field("version", &NcclStatus::version)
+      .field("version_string", &NcclStatus::version_string)
+      .field("reason", &NcclStatus::reason)
+      .done();
+
+  using Verdict = NcclProbeOutcome::Verdict;
+  Record<NcclProbeOutcome>(m, "NcclProbeOutcome",
+                           "One rank's NCCL probe: ``verdict`` is \"ok\", \"failed\" or \"timed out\"; ``error`` "
+                           "is None when ok.")
+      .field<std::string>("verdict", [](const NcclProbeOutcome& o) { return o.verdict_name(); },
+                          [](NcclProbeOutcome& o, const std::string& v) {
+                            o.verdict = enum_named<Verdict>(v, 3, [](Verdict k) {
+                              NcclProbeOutcome tmp;
+                              tmp.verdict = k;
+                              return tmp.verdict_name();
+                            }, "verdict");
+                          })
+      .derived<bool>("ok", [](const NcclProbeOutcome& o) { return o.ok(); })
+      .field("stage", &NcclProbeOutcome::stage)
+      .field<std::optional<Error>>(
+          "error", [](const NcclProbeOutcome& o) { return o.ok() ? std::optional<Error>() : o.error; },
+          [](NcclProbeOutcome& o, const std::optional<Error>& e) { o.error = e.value_or(Error{}); })
+      .field("last_error", &NcclProbeOutcome::last_error)
+      .field("aborted", &NcclProbeOutcome::aborted)
+      .field("elapsed_s", &NcclProbeOutcome::elapsed_s)
+      .field("init_s", &NcclProbeOutcome::init_s)
+      .field("all_reduce_result", &NcclProbeOutcome::all_reduce_result)
+      .field("nccl_version", &NcclProbeOutcome::nccl_version)
+      .field("library", &NcclProbeOutcome::library)
+      .done();
 }
 
 // ---- CUDA driver ------------------------------------------------------------------------------------------
@@ -47,37 +289,19 @@ py::dict error_to_dict(const gpuguard::Error& e) {
 void bind_cuda_driver(py::module_& m) {
   m.def("cuda_status", [] {
     py::gil_scoped_release nogil;
-    auto st = gpuguard::CudaDriver::instance().status();
-    py::gil_scoped_acquire gil;
-    py::dict out;
-    out["library_loaded"] = st.library_loaded;
-    out["initialized"] = st.initialized;
-    out["library"] = st.library;
-    out["driver_version"] = st.driver_version;
-    out["device_count"] = st.device_count;
-    out["visible_devices_at_init"] = st.visible_devices_set_at_init ? py::object(py::str(st.visible_devices_at_init))
-                                                                   : py::object(py::none());
-    out["reason"] = st.reason;
-    return out;
+    return gpuguard::CudaDriver::instance().status();
   }, "Why the CUDA driver does or does not show devices. Loads the driver and calls cuInit.");
 
-  m.def("enumerate_devices", []() -> py::tuple {
-    gpuguard::Result<std::vector<gpuguard::DeviceInfo>> result = gpuguard::Error{};
-    {
-      py::gil_scoped_release nogil;
-      auto& driver = gpuguard::CudaDriver::instance();
-      auto st = driver.status();
-      if (st.initialized && st.device_count == 0) {
-        result = std::vector<gpuguard::DeviceInfo>{};
-      } else {
-        result = driver.devices();
-      }
-    }
-    py::list devices;
-    if (!result) return py::make_tuple(devices, error_to_dict(result.error()));
-    for (const auto& d : result.value()) devices.append(device_to_dict(d));
-    return py::make_tuple(devices, py::none());
-  }, "(devices, error): the visible devices as dicts, or [] and what prevented enumeration.");
+  using Enumeration = std::tuple<std::vector<gpuguard::DeviceInfo>, std::optional<gpuguard::Error>>;
+  m.def("enumerate_devices", []() -> Enumeration {
+    py::gil_scoped_release nogil;
+    auto& driver = gpuguard::CudaDriver::instance();
+    auto st = driver.status();
+    if (st.initialized && st.device_count == 0) return Enumeration{};
+    auto result = driver.devices();
+    if (!result) return Enumeration{std::vector<gpuguard::DeviceInfo>{}, result.error()};
+    return Enumeration{result.value(), std::nullopt};
+  }, "(devices, error): the visible devices, or [] and what prevented enumeration.");
 
   m.def("driver_initialized", [] { return gpuguard::CudaDriver::instance().initialized(); },
         "Whether gpuguard has called cuInit in this process.");
@@ -91,41 +315,14 @@ void bind_cuda_driver(py::module_& m) {
 
 // ---- binding each process to its GPU (issue: bind) ---------------------------------------------------------
 
-py::object visible_problem_to_python(const std::optional<gpuguard::VisibleDevicesProblem>& p) {
-  if (!p) return py::none();
-  py::dict out;
-  out["kind"] = gpuguard::VisibleDevices::kind_name(p->kind);
-  out["position"] = p->position;
-  out["entry"] = p->entry;
-  out["same_as"] = p->same_as >= 0 ? py::object(py::int_(p->same_as)) : py::object(py::none());
-  out["reason"] = p->reason;
-  return out;
-}
-
 void bind_binding(py::module_& m) {
   m.def("parse_visible_devices", [](std::optional<std::string> raw) {
-    auto spec = gpuguard::parse_visible_devices(raw ? raw->c_str() : nullptr);
-    py::list entries;
-    for (const auto& e : spec.entries) {
-      py::dict d;
-      d["kind"] = gpuguard::VisibleDevices::kind_name(e.kind);
-      d["text"] = e.text;
-      d["index"] = e.kind == gpuguard::VisibleEntry::Kind::kIndex ? py::object(py::int_(e.index)) : py::object(py::none());
-      d["uuid"] = e.kind == gpuguard::VisibleEntry::Kind::kIndex ? py::object(py::none()) : py::object(py::str(e.uuid));
-      entries.append(d);
-    }
-    py::dict out;
-    out["set"] = spec.set;
-    out["raw"] = spec.set ? py::object(py::str(spec.raw)) : py::object(py::none());
-    out["entries"] = entries;
-    out["problem"] = visible_problem_to_python(spec.problem);
-    out["hides_all_on_purpose"] = spec.hides_all_on_purpose;
-    return out;
+    return gpuguard::parse_visible_devices(raw ? raw->c_str() : nullptr);
   }, py::arg("raw"), "CUDA_VISIBLE_DEVICES parsed by the driver's rules; the first entry it would stop at.");
 
   m.def("find_rejected_entry", [](std::optional<std::string> raw, const std::vector<std::string>& visible_uuids) {
     auto spec = gpuguard::parse_visible_devices(raw ? raw->c_str() : nullptr);
-    return visible_problem_to_python(gpuguard::find_rejected_entry(spec, visible_uuids));
+    return gpuguard::find_rejected_entry(spec, visible_uuids);
   }, py::arg("raw"), py::arg("visible_uuids"),
      "The entry of `raw` the driver rejected, given the UUIDs it enumerated; None when it took every entry.");
 
@@ -164,74 +361,6 @@ void bind_tensor_devices(py::module_& m) {
 
 // ---- identity records and placement (issue: duplicate-device detection) -----------------------------------
 
-// Records cross the Python boundary as dicts with the field names of gpuguard::IdentityRecord.
-gpuguard::IdentityRecord record_from_dict(const py::dict& d) {
-  gpuguard::IdentityRecord r;
-  auto get = [&](const char* key) -> py::object { return d.contains(key) ? py::object(d[key]) : py::object(py::none()); };
-  auto text = [&](const char* key, std::string& out) {
-    py::object v = get(key);
-    if (!v.is_none()) out = v.cast<std::string>();
-  };
-  auto integer = [&](const char* key, auto& out) {
-    py::object v = get(key);
-    if (!v.is_none()) out = v.cast<std::remove_reference_t<decltype(out)>>();
-  };
-  for (auto item : d) {
-    static const char* known[] = {"group", "rank", "local_rank", "world_size", "local_world_size", "host_hash",
-                                  "hostname", "gpu_uuid", "pci_bus_id", "gpu_index", "pid", "cuda_visible_devices",
-                                  "visible_device_count", "launcher", "multi_rank_gpu_enabled", "failure_kind",
-                                  "failure_text", "gpu_fraction", "ray_gpu_ids"};
-    std::string key = py::str(item.first);
-    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known)) {
-      throw py::value_error("unknown identity field '" + key + "'");
-    }
-  }
-  text("group", r.group);
-  integer("rank", r.rank);
-  integer("local_rank", r.local_rank);
-  integer("world_size", r.world_size);
-  integer("local_world_size", r.local_world_size);
-  integer("host_hash", r.host_hash);
-  text("hostname", r.hostname);
-  text("gpu_uuid", r.gpu_uuid);
-  text("pci_bus_id", r.pci_bus_id);
-  integer("gpu_index", r.gpu_index);
-  integer("pid", r.pid);
-  if (!get("cuda_visible_devices").is_none()) r.cuda_visible_devices = get("cuda_visible_devices").cast<std::string>();
-  integer("visible_device_count", r.visible_device_count);
-  text("launcher", r.launcher);
-  if (!get("multi_rank_gpu_enabled").is_none()) r.multi_rank_gpu_enabled = get("multi_rank_gpu_enabled").cast<bool>();
-  if (!get("failure_kind").is_none()) r.failure_kind = get("failure_kind").cast<std::string>();
-  text("failure_text", r.failure_text);
-  if (!get("gpu_fraction").is_none()) r.gpu_fraction = get("gpu_fraction").cast<double>();
-  text("ray_gpu_ids", r.ray_gpu_ids);
-  return r;
-}
-
-py::dict record_to_dict(const gpuguard::IdentityRecord& r) {
-  py::dict d;
-  d["group"] = r.group;
-  d["rank"] = r.rank;
-  d["local_rank"] = r.local_rank;
-  d["world_size"] = r.world_size;
-  d["local_world_size"] = r.local_world_size;
-  d["host_hash"] = r.host_hash;
-  d["hostname"] = r.hostname;
-  d["gpu_uuid"] = r.gpu_uuid;
-  d["pci_bus_id"] = r.pci_bus_id;
-  d["gpu_index"] = r.gpu_index;
-  d["pid"] = r.pid;
-  d["cuda_visible_devices"] = r.cuda_visible_devices ? py::object(py::str(*r.cuda_visible_devices)) : py::object(py::none());
-  d["visible_device_count"] = r.visible_device_count;
-  d["launcher"] = r.launcher;
-  d["multi_rank_gpu_enabled"] = r.multi_rank_gpu_enabled;
-  d["failure_kind"] = r.failure_kind ? py::object(py::str(*r.failure_kind)) : py::object(py::none());
-  d["failure_text"] = r.failure_text;
-  d["gpu_fraction"] = r.gpu_fraction ? py::object(py::float_(*r.gpu_fraction)) : py::object(py::none());
-  d["ray_gpu_ids"] = r.ray_gpu_ids;
-  return d;
-}
-
 void bind_identity_placement(py::module_& m) {
   m.def("host_fingerprint", [] {
     auto fp = gpuguard::host_fingerprint();
@@ -241,18 +370,6 @@ void bind_identity_placement(py::module_& m) {
     d["from_nccl_hostid"] = fp.from_nccl_hostid;
     return d;
   }, "This host as NCCL identifies it: hostname + boot id (or $NCCL_HOSTID), hashed with NCCL's DJB2a.");
-
-  m.def("encode_identity", [](const py::dict& fields) {
-    auto bytes = gpuguard::encode_identity(record_from_dict(fields));
-    if (!bytes) throw py::value_error(bytes.error().message());
-    return py::bytes(bytes.value());
-  }, "Encodes an identity record (dict of IdentityRecord fields); ValueError naming the bad field.");
-
-  m.def("decode_identity", [](const py::bytes& data) {
-    auto r = gpuguard::decode_identity(std::string_view(data));
-    if (!r) throw py::value_error(r.error().message());
-    return record_to_dict(r.value());
-  }, "Strictly decodes a peer's identity record; ValueError saying what is malformed.");
 
   m.def("analyze_placement",
         [](const std::vector<py::bytes>& encoded, const std::map<std::string, int>& device_rank_totals,
@@ -269,37 +386,7 @@ void bind_identity_placement(py::module_& m) {
           ctx.host_rank_totals = host_rank_totals;
           ctx.shared_devices_total = shared_devices_total;
           ctx.ranks_sharing_total = ranks_sharing_total;
-          auto report = gpuguard::analyze_placement(records, ctx);
-          py::dict out;
-          out["severity"] = report.severity_name();
-          out["message"] = report.message;
-          out["shared_devices_total"] = report.shared_devices_total;
-          out["ranks_sharing_total"] = report.ranks_sharing_total;
-          py::list causes;
-          for (auto c : report.causes) causes.append(gpuguard::placement_cause_name(c));
-          out["causes"] = causes;
-          py::list shared;
-          for (const auto& d : report.shared) {
-            py::dict sd;
-            sd["group"] = d.group;
-            sd["gpu_uuid"] = d.gpu_uuid;
-            sd["pci_bus_id"] = d.pci_bus_id;
-            sd["total_ranks"] = d.total_ranks;
-            sd["warning_only"] = d.warning_only;
-            py::list ranks, hosts;
-            for (const auto& r : d.ranks) {
-              ranks.append(r.rank);
-              hosts.append(r.hostname);
-            }
-            sd["ranks"] = ranks;
-            sd["hosts"] = hosts;
-            py::list dc;
-            for (auto c : d.causes) dc.append(gpuguard::placement_cause_name(c));
-            sd["causes"] = dc;
-            shared.append(sd);
-          }
-          out["shared"] = shared;
-          return out;
+          return gpuguard::analyze_placement(records, ctx);
         },
         py::arg("records"), py::arg("device_rank_totals") = std::map<std::string, int>{},
         py::arg("host_rank_totals") = std::map<std::uint64_t, int>{}, py::arg("shared_devices_total") = -1,
@@ -317,14 +404,7 @@ void bind_nccl(py::module_& m) {
       py::gil_scoped_release nogil;
       st = gpuguard::Nccl::instance().status();
     }
-    py::dict out;
-    out["loaded"] = st.loaded;
-    out["already_in_process"] = st.already_in_process;
-    out["library"] = st.library;
-    out["version"] = st.version;
-    out["version_string"] = st.version_string;
-    out["reason"] = st.reason;
-    return out;
+    return st;
   }, "Loads NCCL (the copy already in the process first; $GPUGUARD_LIBNCCL overrides) and says what it is.");
 
   m.def("nccl_unique_id", []() -> py::bytes {
@@ -355,24 +435,12 @@ void bind_nccl(py::module_& m) {
       py::gil_scoped_release nogil;
       out = gpuguard::run_nccl_probe(o);
     }
-    py::dict d;
-    d["verdict"] = out.verdict_name();
-    d["ok"] = out.ok();
-    d["stage"] = out.stage;
-    d["error"] = out.ok() ? py::object(py::none()) : py::object(error_to_dict(out.error));
-    d["last_error"] = out.last_error;
-    d["aborted"] = out.aborted;
-    d["elapsed_s"] = out.elapsed_s;
-    d["init_s"] = out.init_s;
-    d["all_reduce_result"] = out.all_reduce_result;
-    d["nccl_version"] = out.nccl_version;
-    d["library"] = out.library;
-    return d;
+    return out;
   }, py::arg("nranks"), py::arg("rank"), py::arg("unique_id"), py::arg("device"), py::arg("timeout_s"),
      py::arg("all_reduce") = false,
      "One rank's part in forming an NCCL communicator (non-blocking init under a deadline, abort on timeout) "
      "and, with all_reduce=True, one small float32 sum checked for the right result. Never raises for NCCL "
-     "failures: the dict says what happened (verdict 'ok' | 'failed' | 'timed out', stage, error, last_error).");
+     "failures: the outcome says what happened (verdict 'ok' | 'failed' | 'timed out', stage, error, last_error).");
 }
 
 
@@ -390,7 +458,7 @@ void bind_diagnostics(py::module_& m) {
     out["dst"] = dst;
     out["bytes"] = bytes;
     if (!r) {
-      out["error"] = error_to_dict(r.error());
+      out["error"] = py::cast(r.error()).attr("as_dict")();
       return out;
     }
     const auto& v = r.value();
@@ -412,6 +480,7 @@ void bind_diagnostics(py::module_& m) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
+  bind_records(m);
   bind_cuda_driver(m);
   bind_nccl(m);
   bind_diagnostics(m);

@@ -1,30 +1,185 @@
 # Type stubs for gpuguard._C, the private compiled core. Public API: the gpuguard package.
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
-def cuda_status() -> dict[str, Any]: ...
-def enumerate_devices() -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]: ...
+# Records (csrc/python/module.cc, bind_records): each takes its fields positionally in this order or by
+# keyword, and has __repr__, __eq__, pickling and as_dict() (plain data for JSON, nested records as dicts).
+# Fields marked "derived" are read-only and not constructor arguments.
+
+class ErrorInfo:
+    _fields: ClassVar[tuple[str, ...]]
+    library: str
+    call: str
+    code_name: str
+    code: int
+    detail: str
+    where: str
+    @property
+    def message(self) -> str: ...  # derived
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class Device:
+    _fields: ClassVar[tuple[str, ...]]
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    total_memory: int
+    compute_capability: tuple[int, int]
+    multiprocessors: int
+    @property
+    def total_memory_gib(self) -> float: ...
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class CudaStatus:
+    _fields: ClassVar[tuple[str, ...]]
+    library_loaded: bool
+    initialized: bool
+    library: str
+    driver_version: int
+    device_count: int
+    visible_devices_at_init: Optional[str]
+    reason: str
+    @property
+    def driver_version_string(self) -> str: ...
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class VisibleEntry:
+    _fields: ClassVar[tuple[str, ...]]
+    kind: str
+    text: str
+    index: Optional[int]
+    uuid: Optional[str]
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class VisibilityProblem:
+    _fields: ClassVar[tuple[str, ...]]
+    kind: str
+    position: int
+    entry: str
+    same_as: Optional[int]
+    reason: str
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class VisibleDevices:
+    _fields: ClassVar[tuple[str, ...]]
+    set: bool
+    raw: Optional[str]
+    entries: list[VisibleEntry]
+    problem: Optional[VisibilityProblem]
+    hides_all_on_purpose: bool
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def describe(self) -> str: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class IdentityRecord:
+    _fields: ClassVar[tuple[str, ...]]
+    rank: int
+    world_size: int
+    group: str
+    local_rank: int
+    local_world_size: int
+    host_hash: int
+    hostname: str
+    gpu_uuid: str
+    pci_bus_id: str
+    gpu_index: int
+    pid: int
+    cuda_visible_devices: Optional[str]
+    visible_device_count: int
+    launcher: str
+    multi_rank_gpu_enabled: bool
+    failure_kind: Optional[str]
+    failure_text: str
+    gpu_fraction: Optional[float]
+    ray_gpu_ids: str
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def encode(self) -> bytes: ...
+    @staticmethod
+    def decode(data: bytes) -> IdentityRecord: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class SharedDevice:
+    _fields: ClassVar[tuple[str, ...]]
+    group: str
+    gpu_uuid: str
+    pci_bus_id: str
+    total_ranks: int
+    records: list[IdentityRecord]
+    causes: list[str]
+    warning_only: bool
+    @property
+    def ranks(self) -> list[int]: ...  # derived
+    @property
+    def hosts(self) -> list[str]: ...  # derived
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class PlacementReport:
+    _fields: ClassVar[tuple[str, ...]]
+    severity: str  # "ok" | "warning" | "error"
+    message: str
+    shared_devices_total: int
+    ranks_sharing_total: int
+    causes: list[str]
+    shared: list[SharedDevice]
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class NcclStatus:
+    _fields: ClassVar[tuple[str, ...]]
+    loaded: bool
+    already_in_process: bool
+    library: str
+    version: int
+    version_string: str
+    reason: str
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+class NcclProbeOutcome:
+    _fields: ClassVar[tuple[str, ...]]
+    verdict: str  # "ok" | "failed" | "timed out"
+    @property
+    def ok(self) -> bool: ...  # derived
+    stage: str
+    error: Optional[ErrorInfo]
+    last_error: str
+    aborted: bool
+    elapsed_s: float
+    init_s: float
+    all_reduce_result: list[float]
+    nccl_version: int
+    library: str
+    def __init__(self, *args: Any, **fields: Any) -> None: ...
+    def as_dict(self) -> dict[str, Any]: ...
+
+def cuda_status() -> CudaStatus: ...
+def enumerate_devices() -> tuple[list[Device], Optional[ErrorInfo]]: ...
 def driver_initialized() -> bool: ...
 def can_access_peer(a: int, b: int) -> bool: ...
 
 # NCCL (issue: duplicate-device detection, verify_nccl)
-def nccl_status() -> dict[str, Any]: ...
+def nccl_status() -> NcclStatus: ...
 def nccl_unique_id() -> bytes: ...
 def nccl_probe(nranks: int, rank: int, unique_id: bytes, device: int, timeout_s: float,
-               all_reduce: bool = False) -> dict[str, Any]: ...
+               all_reduce: bool = False) -> NcclProbeOutcome: ...
 
 # diagnostics (gpuguard doctor --p2p)
 def peer_copy_probe(src: int, dst: int, bytes: int) -> dict[str, Any]: ...
 
 # identity records and placement (issue: duplicate-device detection)
 def host_fingerprint() -> dict[str, Any]: ...
-def encode_identity(fields: dict[str, Any]) -> bytes: ...
-def decode_identity(data: bytes) -> dict[str, Any]: ...
 def analyze_placement(records: list[bytes], device_rank_totals: dict[str, int] = ...,
                       host_rank_totals: dict[int, int] = ..., shared_devices_total: int = -1,
-                      ranks_sharing_total: int = -1) -> dict[str, Any]: ...
+                      ranks_sharing_total: int = -1) -> PlacementReport: ...
 # binding each process to its GPU (issue: bind)
-def parse_visible_devices(raw: Optional[str]) -> dict[str, Any]: ...
-def find_rejected_entry(raw: Optional[str], visible_uuids: list[str]) -> Optional[dict[str, Any]]: ...
+def parse_visible_devices(raw: Optional[str]) -> VisibleDevices: ...
+def find_rejected_entry(raw: Optional[str], visible_uuids: list[str]) -> Optional[VisibilityProblem]: ...
 def driver_init_record() -> dict[str, Any]: ...
 
 # tensor devices

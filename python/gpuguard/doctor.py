@@ -106,11 +106,8 @@ def _visibility_dict(v: Optional[VisibleDevices], problem: Optional[VisibilityPr
     return {
         "raw": v.raw,
         "set": v.set,
-        "honoured": [{"kind": e.kind, "text": e.text, "index": e.index, "uuid": e.uuid}
-                     for e in (v.entries[:problem.position] if problem else v.entries)],
-        "problem": None if problem is None else {"kind": problem.kind, "position": problem.position,
-                                                 "entry": problem.entry, "same_as": problem.same_as,
-                                                 "reason": problem.reason},
+        "honoured": [e.as_dict() for e in (v.entries[:problem.position] if problem else v.entries)],
+        "problem": None if problem is None else problem.as_dict(),
         "ignored": _ignored_entries(v, problem),
         "hides_all_on_purpose": v.hides_all_on_purpose,
     }
@@ -143,18 +140,18 @@ def _nccl_version(report: DoctorReport) -> Optional[str]:
     from . import _C
 
     status = _C.nccl_status()
-    if status["loaded"]:
-        where = "already loaded in this process" if status["already_in_process"] else "loaded by gpuguard"
-        return f"{status['version_string']} ({status['library']}, {where})"
+    if status.loaded:
+        where = "already loaded in this process" if status.already_in_process else "loaded by gpuguard"
+        return f"{status.version_string} ({status.library}, {where})"
     try:
         import torch.cuda.nccl as torch_nccl
 
         v = torch_nccl.version()
     except Exception as exc:  # CPU-only torch, or an NCCL that cannot be loaded
-        report.not_checked("NCCL version", f"{status['reason']}; torch.cuda.nccl.version() failed too: {exc}")
+        report.not_checked("NCCL version", f"{status.reason}; torch.cuda.nccl.version() failed too: {exc}")
         return None
     text = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    return f"{text} (torch.cuda.nccl.version(); gpuguard could not load it: {status['reason']})"
+    return f"{text} (torch.cuda.nccl.version(); gpuguard could not load it: {status.reason})"
 
 
 def _launcher(report: DoctorReport) -> Any:
@@ -379,8 +376,8 @@ def _nccl(report: DoctorReport, timeout: float) -> None:
         report.not_checked("NCCL all-reduce (--nccl)", f"{n} GPU visible: an all-reduce across GPUs needs two")
         return
     status = _C.nccl_status()
-    if not status["loaded"]:
-        report.not_checked("NCCL all-reduce (--nccl)", f"NCCL could not be loaded: {status['reason']}")
+    if not status.loaded:
+        report.not_checked("NCCL all-reduce (--nccl)", f"NCCL could not be loaded: {status.reason}")
         return
     first = nccl_all_reduce(n, timeout, p2p_disabled=False)
     runs = [first]

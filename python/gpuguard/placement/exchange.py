@@ -164,14 +164,14 @@ def _compose(store: CheckedStore, me: RankIdentity) -> Verdict:
             if peer.host_hash not in host_totals:
                 host_totals[peer.host_hash] = store.counter(f"host/{peer.host_hash:016x}/n")
     report = _C.analyze_placement(records, device_totals, host_totals, shared_total, ranks_sharing)
-    if report["severity"] == "ok":
+    if report.severity == "ok":
         return Verdict("ok")
-    details = {"group": me.group, "causes": report["causes"], "shared_devices_total": report["shared_devices_total"],
-               "ranks_sharing_total": report["ranks_sharing_total"],
-               "shared": [{k: d[k] for k in ("gpu_uuid", "pci_bus_id", "total_ranks", "ranks", "hosts", "causes")}
-                          for d in report["shared"]]}
-    kind = "warning" if report["severity"] == "warning" else "duplicate"
-    return Verdict(kind, report["message"], details)
+    details = {"group": me.group, "causes": report.causes, "shared_devices_total": report.shared_devices_total,
+               "ranks_sharing_total": report.ranks_sharing_total,
+               "shared": [{k: getattr(d, k) for k in ("gpu_uuid", "pci_bus_id", "total_ranks", "ranks", "hosts", "causes")}
+                          for d in report.shared]}
+    kind = "warning" if report.severity == "warning" else "duplicate"
+    return Verdict(kind, report.message, details)
 
 
 # ---- the protocol ------------------------------------------------------------------------------------------

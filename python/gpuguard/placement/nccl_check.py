@@ -75,7 +75,7 @@ def _unique_id(ns: Optional[CheckedStore], me: RankIdentity, deadline: Deadline)
         except RuntimeError as exc:
             status = _C.nccl_status()
             message = f"rank 0 could not get an NCCL unique id: {exc}" + (
-                f" ({status['reason']})" if status.get("reason") else "")
+                f" ({status.reason})" if status.reason else "")
             verdict = Verdict("error", message, {"rank": 0})
             if ns is None:
                 return verdict
@@ -105,16 +105,18 @@ def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namesp
     unique_id = _unique_id(ns, me, deadline)
     if isinstance(unique_id, Verdict):
         return unique_id
+    mine: Optional[dict[str, Any]]
     if me.gpu_uuid:
         outcome = _C.nccl_probe(me.world_size, me.rank, unique_id, me.gpu_index, max(0.1, deadline.remaining()),
                                 False)
+        mine = None if outcome.ok else {
+            "rank": me.rank, "host": me.hostname, "verdict": outcome.verdict, "stage": outcome.stage,
+            "message": (outcome.error.message if outcome.error else "")[:2000],
+            "last_error": outcome.last_error[:1000]}
     else:  # still take part, so that the others learn why instead of waiting for this rank in NCCL
-        outcome = {"ok": False, "verdict": "failed", "stage": "bind", "last_error": "", "error": {
-            "message": "verify_nccl=True needs a GPU on every rank; this rank has none (bind() fell back to "
-                       "the CPU)"}}
-    mine = None if outcome["ok"] else {
-        "rank": me.rank, "host": me.hostname, "verdict": outcome["verdict"], "stage": outcome["stage"],
-        "message": (outcome["error"] or {}).get("message", "")[:2000], "last_error": outcome["last_error"][:1000]}
+        mine = {"rank": me.rank, "host": me.hostname, "verdict": "failed", "stage": "bind", "last_error": "",
+                "message": "verify_nccl=True needs a GPU on every rank; this rank has none (bind() fell back to "
+                           "the CPU)"}
     if ns is None:
         return _verdict_from([mine] if mine else [], 1 if mine else 0, me, deadline.total)
     if mine is not None:

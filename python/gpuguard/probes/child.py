@@ -22,7 +22,7 @@ def probe_p2p(nbytes: int) -> int:
 
     found, error = _C.enumerate_devices()
     if error is not None:
-        emit(event="error", message=error["message"])
+        emit(event="error", message=error.message)
         return 3
     count = len(found)
     emit(event="devices", count=count)
@@ -57,8 +57,8 @@ def probe_nccl(rank: int, nranks: int, device: int, timeout: float) -> int:
             return 3
     emit(event="start", rank=rank, device=device)
     result = _C.nccl_probe(nranks, rank, unique_id, device, timeout, True)
-    emit(event="result", rank=rank, device=device, **result)
-    return 0 if result["ok"] else 1
+    emit(event="result", rank=rank, device=device, **result.as_dict())
+    return 0 if result.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
