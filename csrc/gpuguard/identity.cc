@@ -22,13 +22,7 @@ enum Flags : std::uint16_t {
 };
 constexpr std::uint16_t kKnownFlags = kFlagVisibleDevicesSet | kFlagMultiRankGpu | kFlagFailure | kFlagGpuFraction;
 
-Error record_error(const std::string& detail) {
-  Error err;
-  err.library = "gpuguard";
-  err.call = "identity record";
-  err.detail = detail;
-  return err;
-}
+Error record_error(const std::string& detail) { return gpuguard_error("identity record", detail); }
 
 // Well-formed UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF). Peers' text ends up in
 // exception messages and logs, so it must be valid text.
