@@ -1,5 +1,5 @@
-// NCCL loaded at run time: version, unique id, communicator init under a deadline, abort, last error, and a
-// tiny all-reduce probe. The copy torch already loaded is preferred, so gpuguard tests the NCCL the job uses.
+// NCCL loaded at run time: version, unique id, status, and the checking helper for NCCL calls. The copy torch
+// already loaded is preferred, so gpuguard tests the NCCL the job uses (the probe itself is in nccl_probe.h).
 #pragma once
 
 #include <array>
@@ -73,39 +73,6 @@ class Nccl {
   RuntimeLibrary lib_;
   Functions fn_;
 };
-
-// One rank's part in forming a communicator (and, optionally, one small all-reduce) under a deadline.
-struct NcclProbeOptions {
-  int nranks = 1;
-  int rank = 0;
-  NcclUniqueId unique_id{};
-  int device = 0;               // CUDA ordinal in this process (cuda:N)
-  double timeout_s = 60;        // for the whole probe: init, the all-reduce and its synchronisation
-  bool all_reduce = false;      // also run one ncclAllReduce(sum) of a few floats and check the result
-  int all_reduce_count = 4;
-};
-
-struct NcclProbeOutcome {
-  enum class Verdict { kOk, kFailed, kTimedOut };
-  Verdict verdict = Verdict::kOk;
-  // The step that failed or did not finish: "load NCCL", "CUDA context", "ncclCommInitRankConfig",
-  // "ncclAllReduce", "synchronize", "check all-reduce result".
-  std::string stage;
-  Error error;                  // set unless kOk; error.message() is the full text
-  std::string last_error;       // ncclGetLastError(comm) at the time of failure, verbatim
-  bool aborted = false;         // ncclCommAbort was called (timeouts and failures after init began)
-  double elapsed_s = 0;
-  double init_s = 0;            // time to a ready communicator
-  std::vector<float> all_reduce_result;
-  int nccl_version = 0;
-  std::string library;
-
-  bool ok() const { return verdict == Verdict::kOk; }
-  const char* verdict_name() const;
-};
-
-// Never throws; blocks the calling thread for at most about timeout_s (plus the abort itself).
-NcclProbeOutcome run_nccl_probe(const NcclProbeOptions& options);
 
 }  // namespace gpuguard
 
