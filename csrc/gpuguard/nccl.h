@@ -1,5 +1,4 @@
-// NCCL loaded at run time: version, unique id, status, and the checking helper for NCCL calls. The copy torch
-// already loaded is preferred, so gpuguard tests the NCCL the job uses (the probe itself is in nccl_probe.h).
+// NCCL loaded at run time (the copy torch loaded first): version, unique id, status, and GPUGUARD_NCCL.
 #pragma once
 
 #include <array>
