@@ -1,4 +1,4 @@
-// Loads libcuda with dlopen and enumerates the devices visible to this process.
+// The CUDA driver through RuntimeLibrary: device enumeration, the cuInit record, and the driver call check.
 #include "gpuguard/cuda_driver.h"
 
 #include <cctype>
@@ -9,17 +9,11 @@ namespace gpuguard {
 
 namespace {
 
-// Every driver call goes through this: on failure, return an Error naming the call and the driver's name
-// for the code. The call expression is spelled once so the name in the message cannot drift from the call.
-#define GPUGUARD_CU_CHECK(call_name, ...)                                          \
-  do {                                                                             \
-    cu::CUresult gpuguard_rc_ = fn_.call_name(__VA_ARGS__);                        \
-    if (gpuguard_rc_ != cu::CUDA_SUCCESS) {                                        \
-      return cu_error(#call_name, gpuguard_rc_, GPUGUARD_WHERE);                   \
-    }                                                                              \
-  } while (0)
-
-Error not_loaded_error(const Status& load_status) { return load_status.error(); }
+const LibrarySpec& library_spec() {
+  static const LibrarySpec spec{"CUDA driver", "GPUGUARD_LIBCUDA", {"libcuda.so.1", "libcuda.so"}, "",
+                                "no NVIDIA driver", "(driver too old, or not a CUDA driver)"};
+  return spec;
+}
 
 }  // namespace
 
@@ -50,76 +44,42 @@ std::string normalize_pci_bus_id(const std::string& text) {
   return out;
 }
 
+CudaDriver::CudaDriver() : lib_(library_spec()) {}
+
 CudaDriver& CudaDriver::instance() {
   static CudaDriver* driver = new CudaDriver();  // never destroyed: used from atexit paths of torch
   return *driver;
 }
 
-std::vector<std::string> CudaDriver::library_candidates() {
-  const char* override_path = std::getenv("GPUGUARD_LIBCUDA");
-  if (override_path != nullptr && override_path[0] != '\0') return {override_path};
-  return {"libcuda.so.1", "libcuda.so"};
-}
+std::vector<std::string> CudaDriver::library_candidates() { return library_spec().candidates(); }
 
 Status CudaDriver::load() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return load_locked();
+  return lib_.load([this](RuntimeLibrary::Symbols& symbols) {
+    Functions& table = fn_;
+    GPUGUARD_CUDA_REQUIRED_FUNCTIONS(GPUGUARD_BIND_REQUIRED)
+    GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(GPUGUARD_BIND_OPTIONAL)
+  });
 }
 
-Status CudaDriver::load_locked() {
-  if (load_attempted_) return load_status_;
-  load_attempted_ = true;
-  auto lib = DynLib::open_first(library_candidates(), "CUDA driver");
-  if (!lib) {
-    Error err = lib.error();
-    err.detail = "no NVIDIA driver: " + err.detail;
-    load_status_ = err;
-    return load_status_;
-  }
-  lib_ = std::move(lib).value();
-  std::string missing;
-#define GPUGUARD_CUDA_RESOLVE_REQUIRED(sym, ret, params)                      \
-  fn_.sym = reinterpret_cast<cu::PFN_##sym>(lib_.symbol(#sym));               \
-  if (fn_.sym == nullptr) missing += std::string(missing.empty() ? "" : ", ") + #sym;
-#define GPUGUARD_CUDA_RESOLVE_OPTIONAL(sym, ret, params) \
-  fn_.sym = reinterpret_cast<cu::PFN_##sym>(lib_.symbol(#sym));
-  GPUGUARD_CUDA_REQUIRED_FUNCTIONS(GPUGUARD_CUDA_RESOLVE_REQUIRED)
-  GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(GPUGUARD_CUDA_RESOLVE_OPTIONAL)
-#undef GPUGUARD_CUDA_RESOLVE_REQUIRED
-#undef GPUGUARD_CUDA_RESOLVE_OPTIONAL
-  if (!missing.empty()) {
-    Error err;
-    err.library = "CUDA driver";
-    err.call = "dlsym";
-    err.detail = lib_.loaded_from() + " lacks " + missing + " (driver too old, or not a CUDA driver)";
-    load_status_ = err;
-  }
-  return load_status_;
-}
-
-Error CudaDriver::cu_error(const char* call, cu::CUresult code, const std::string& where) const {
-  Error err;
-  err.library = "CUDA driver";
-  err.call = call;
-  err.code = static_cast<int>(code);
-  err.where = where;
+Status CudaDriver::check(const char* call, cu::CUresult code, const std::string& where) const {
+  if (code == cu::CUDA_SUCCESS) return ok_status();
   const char* name = nullptr;
   const char* text = nullptr;
-  if (fn_.cuGetErrorName != nullptr && fn_.cuGetErrorName(code, &name) == cu::CUDA_SUCCESS && name) {
-    err.code_name = name;
-  } else {
-    err.code_name = "CUresult " + std::to_string(err.code);
-  }
-  if (fn_.cuGetErrorString != nullptr && fn_.cuGetErrorString(code, &text) == cu::CUDA_SUCCESS && text) {
-    err.detail = text;
-  }
-  return err;
+  std::string code_name = "CUresult " + std::to_string(static_cast<int>(code));
+  if (fn_.cuGetErrorName != nullptr && fn_.cuGetErrorName(code, &name) == cu::CUDA_SUCCESS && name) code_name = name;
+  std::string detail;
+  if (fn_.cuGetErrorString != nullptr && fn_.cuGetErrorString(code, &text) == cu::CUDA_SUCCESS && text) detail = text;
+  return call_error("CUDA driver", call, static_cast<int>(code), std::move(code_name), std::move(detail), where);
+}
+
+Error CudaDriver::missing(const char* call, const std::string& where) {
+  return unavailable_error("CUDA driver", "dlsym", std::string("the driver does not export ") + call, where);
 }
 
 Status CudaDriver::init() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  Status loaded = load_locked();
+  Status loaded = load();
   if (!loaded) return loaded;
+  std::lock_guard<std::mutex> lock(mutex_);
   if (init_attempted_) return init_status_;
   init_attempted_ = true;
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
@@ -128,8 +88,7 @@ Status CudaDriver::init() {
   // Before cuInit, the driver answers CUDA_ERROR_NOT_INITIALIZED unless someone else initialised it already.
   int count_before = 0;
   initialized_before_gpuguard_ = fn_.cuDeviceGetCount(&count_before) == cu::CUDA_SUCCESS;
-  cu::CUresult rc = fn_.cuInit(0);
-  if (rc != cu::CUDA_SUCCESS) init_status_ = cu_error("cuInit", rc, GPUGUARD_WHERE);
+  init_status_ = call("cuInit", fn_.cuInit, GPUGUARD_WHERE, 0u);
   return init_status_;
 }
 
@@ -150,57 +109,54 @@ CudaDriver::InitRecord CudaDriver::init_record() const {
 }
 
 Result<int> CudaDriver::driver_version() {
-  Status loaded = load();
-  if (!loaded) return not_loaded_error(loaded);
+  GPUGUARD_TRY(load());
   int version = 0;
-  GPUGUARD_CU_CHECK(cuDriverGetVersion, &version);
+  GPUGUARD_CU(cuDriverGetVersion, &version);
   return version;
 }
 
 Result<int> CudaDriver::device_count() {
-  Status ready = init();
-  if (!ready) return ready.error();
+  GPUGUARD_TRY(init());
   int count = 0;
-  GPUGUARD_CU_CHECK(cuDeviceGetCount, &count);
+  GPUGUARD_CU(cuDeviceGetCount, &count);
   return count;
 }
 
 Result<DeviceInfo> CudaDriver::device(int ordinal) {
-  Status ready = init();
-  if (!ready) return ready.error();
+  GPUGUARD_TRY(init());
   DeviceInfo info;
   info.index = ordinal;
   cu::CUdevice dev = 0;
-  GPUGUARD_CU_CHECK(cuDeviceGet, &dev, ordinal);
+  GPUGUARD_CU(cuDeviceGet, &dev, ordinal);
 
   char name[256] = {0};
-  GPUGUARD_CU_CHECK(cuDeviceGetName, name, static_cast<int>(sizeof(name) - 1), dev);
+  GPUGUARD_CU(cuDeviceGetName, name, static_cast<int>(sizeof(name) - 1), dev);
   info.name = name;
 
   cu::CUuuid uuid{};
-  GPUGUARD_CU_CHECK(cuDeviceGetUuid_v2, &uuid, dev);
+  GPUGUARD_CU(cuDeviceGetUuid_v2, &uuid, dev);
   info.uuid = format_gpu_uuid(reinterpret_cast<const unsigned char*>(uuid.bytes));
 
   char bus_id[64] = {0};
-  GPUGUARD_CU_CHECK(cuDeviceGetPCIBusId, bus_id, static_cast<int>(sizeof(bus_id) - 1), dev);
+  GPUGUARD_CU(cuDeviceGetPCIBusId, bus_id, static_cast<int>(sizeof(bus_id) - 1), dev);
   info.pci_bus_id = normalize_pci_bus_id(bus_id);
   if (info.pci_bus_id.empty()) {
     // Fall back to the attributes; the string form is what every other tool prints, so prefer it.
     int domain = 0, bus = 0, device = 0;
-    GPUGUARD_CU_CHECK(cuDeviceGetAttribute, &domain, cu::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev);
-    GPUGUARD_CU_CHECK(cuDeviceGetAttribute, &bus, cu::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
-    GPUGUARD_CU_CHECK(cuDeviceGetAttribute, &device, cu::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev);
+    GPUGUARD_CU(cuDeviceGetAttribute, &domain, cu::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev);
+    GPUGUARD_CU(cuDeviceGetAttribute, &bus, cu::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev);
+    GPUGUARD_CU(cuDeviceGetAttribute, &device, cu::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev);
     char out[32];
     std::snprintf(out, sizeof(out), "%04x:%02x:%02x.0", domain, bus, device);
     info.pci_bus_id = out;
   }
 
   size_t bytes = 0;
-  GPUGUARD_CU_CHECK(cuDeviceTotalMem_v2, &bytes, dev);
+  GPUGUARD_CU(cuDeviceTotalMem_v2, &bytes, dev);
   info.total_memory = bytes;
-  GPUGUARD_CU_CHECK(cuDeviceGetAttribute, &info.cc_major, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-  GPUGUARD_CU_CHECK(cuDeviceGetAttribute, &info.cc_minor, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  GPUGUARD_CU_CHECK(cuDeviceGetAttribute, &info.multiprocessors, cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+  GPUGUARD_CU(cuDeviceGetAttribute, &info.cc_major, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+  GPUGUARD_CU(cuDeviceGetAttribute, &info.cc_minor, cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+  GPUGUARD_CU(cuDeviceGetAttribute, &info.multiprocessors, cu::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
   return info;
 }
 
@@ -218,16 +174,12 @@ Result<std::vector<DeviceInfo>> CudaDriver::devices() {
 }
 
 Result<bool> CudaDriver::can_access_peer(int a, int b) {
-  Status ready = init();
-  if (!ready) return ready.error();
-  if (fn_.cuDeviceCanAccessPeer == nullptr) {
-    return Error{"CUDA driver", "dlsym", "", 0, "the driver does not export cuDeviceCanAccessPeer", GPUGUARD_WHERE};
-  }
+  GPUGUARD_TRY(init());
   cu::CUdevice da = 0, db = 0;
-  GPUGUARD_CU_CHECK(cuDeviceGet, &da, a);
-  GPUGUARD_CU_CHECK(cuDeviceGet, &db, b);
+  GPUGUARD_CU(cuDeviceGet, &da, a);
+  GPUGUARD_CU(cuDeviceGet, &db, b);
   int can = 0;
-  GPUGUARD_CU_CHECK(cuDeviceCanAccessPeer, &can, da, db);
+  GPUGUARD_CU(cuDeviceCanAccessPeer, &can, da, db);
   return can != 0;
 }
 
@@ -236,8 +188,7 @@ CudaStatus CudaDriver::status() {
   Status loaded = load();
   st.library_loaded = loaded.ok();
   if (!loaded) {
-    st.library = "";
-    for (const auto& c : library_candidates()) st.library += (st.library.empty() ? "" : ", ") + c;
+    st.library = lib_.candidate_list();
     st.reason = loaded.error().detail;
     return st;
   }

@@ -4,11 +4,12 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpuguard/cuda_api.h"
-#include "gpuguard/dynlib.h"
 #include "gpuguard/error.h"
+#include "gpuguard/runtime_library.h"
 
 namespace gpuguard {
 
@@ -73,8 +74,16 @@ class CudaDriver {
   // Status for reports; never fails, loads and initialises if needed.
   CudaStatus status();
 
-  // The checking helper every call goes through: names the call and the driver's own error name.
-  Error cu_error(const char* call, cu::CUresult code, const std::string& where) const;
+  // The checking helper every driver call goes through (by way of GPUGUARD_CU): ok for CUDA_SUCCESS, otherwise an
+  // Error naming the call and the driver's own error name (cuGetErrorName) and description.
+  Status check(const char* call, cu::CUresult code, const std::string& where) const;
+  // Calls `entry` (a member of fn()) with `args`, checked; an entry point the driver does not export is an Error too.
+  template <typename... Params, typename... Args>
+  Status call(const char* name, cu::CUresult (*entry)(Params...), const std::string& where, Args&&... args) const {
+    if (entry == nullptr) return missing(name, where);
+    return check(name, entry(std::forward<Args>(args)...), where);
+  }
+  static Error missing(const char* call, const std::string& where);
 
   // Raw entry points for diagnostics (peer copies). Null when the driver lacks them.
 #define GPUGUARD_CUDA_MEMBER(symbol, ret, params) cu::PFN_##symbol symbol = nullptr;
@@ -86,19 +95,24 @@ class CudaDriver {
   const Functions& fn() const { return fn_; }
 
  private:
-  CudaDriver() = default;
-  Status load_locked();
+  CudaDriver();
 
-  mutable std::mutex mutex_;
-  bool load_attempted_ = false;
-  Status load_status_ = ok_status();
+  mutable std::mutex mutex_;  // guards the cuInit record below
   bool init_attempted_ = false;
   Status init_status_ = ok_status();
   std::string visible_at_init_;
   bool visible_set_at_init_ = false;
   bool initialized_before_gpuguard_ = false;
-  DynLib lib_;
+  RuntimeLibrary lib_;
   Functions fn_;
 };
 
 }  // namespace gpuguard
+
+// The checking helper for the CUDA driver, declared once: GPUGUARD_CU(cuDeviceGet, &device, ordinal) calls
+// CudaDriver::instance().fn().cuDeviceGet(&device, ordinal) and, when it fails or the driver does not export it,
+// returns from the enclosing function (which returns a Status or a Result) an Error naming the call and the
+// driver's error name. The call is spelled once, so the name in the message cannot drift from the call made.
+#define GPUGUARD_CU(call_name, ...)                                                                      \
+  GPUGUARD_TRY(::gpuguard::CudaDriver::instance().call(#call_name, ::gpuguard::CudaDriver::instance().fn().call_name, \
+                                                       GPUGUARD_WHERE __VA_OPT__(, ) __VA_ARGS__))

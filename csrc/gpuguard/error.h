@@ -45,6 +45,24 @@ inline Status ok_status() { return Status(Ok{}); }
 
 std::string source_location(const char* file, int line);
 
+// The three ways an Error comes about; the core builds every Error with one of them. `where` is
+// GPUGUARD_WHERE at the place gpuguard noticed, or empty where no single line is to blame.
+// gpuguard's own failure: a bad argument, a deadline passed, a result that does not check out.
+Error gpuguard_error(std::string call, std::string detail, std::string where = {});
+// A foreign library, or an entry point of it, cannot be used: dlopen or dlsym failed, or it lacks a function.
+Error unavailable_error(std::string library, std::string call, std::string detail, std::string where = {});
+// A foreign call returned a failure code: the library's own name and description for it.
+Error call_error(std::string library, std::string call, int code, std::string code_name, std::string detail,
+                 std::string where);
+
 }  // namespace gpuguard
 
 #define GPUGUARD_WHERE ::gpuguard::source_location(__FILE__, __LINE__)
+
+// Evaluates a Status (or Result) expression; on failure, returns its Error from the enclosing function, which
+// must return a Status or a Result. The per-library checking helpers (GPUGUARD_CU, GPUGUARD_NCCL) build on it.
+#define GPUGUARD_TRY(expr)                                               \
+  do {                                                                   \
+    auto&& gpuguard_try_ = (expr);                                       \
+    if (!gpuguard_try_.ok()) return gpuguard_try_.error();               \
+  } while (0)

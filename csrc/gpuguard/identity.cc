@@ -22,13 +22,7 @@ enum Flags : std::uint16_t {
 };
 constexpr std::uint16_t kKnownFlags = kFlagVisibleDevicesSet | kFlagMultiRankGpu | kFlagFailure | kFlagGpuFraction;
 
-Error record_error(const std::string& detail) {
-  Error err;
-  err.library = "gpuguard";
-  err.call = "identity record";
-  err.detail = detail;
-  return err;
-}
+Error record_error(const std::string& detail) { return gpuguard_error("identity record", detail); }
 
 // Well-formed UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF). Peers' text ends up in
 // exception messages and logs, so it must be valid text.
@@ -302,11 +296,7 @@ Result<std::string> encode_identity(const IdentityRecord& input) {
     r.failure_text = r.failure_text.substr(0, cut) + "...";
   }
   Status valid = validate_identity(r);
-  if (!valid) {
-    Error err = valid.error();
-    err.call = "encode identity record";
-    return err;
-  }
+  if (!valid) return gpuguard_error("encode identity record", valid.error().detail);
   std::uint16_t flags = 0;
   if (r.cuda_visible_devices) flags |= kFlagVisibleDevicesSet;
   if (r.multi_rank_gpu_enabled) flags |= kFlagMultiRankGpu;
@@ -346,11 +336,7 @@ Result<std::string> encode_identity(const IdentityRecord& input) {
 
 Result<IdentityRecord> decode_identity(std::string_view bytes) {
   using L = IdentityLimits;
-  auto fail = [](const std::string& what) {
-    Error err = record_error(what);
-    err.call = "decode identity record";
-    return err;
-  };
+  auto fail = [](const std::string& what) { return gpuguard_error("decode identity record", what); };
   if (bytes.size() > L::kMaxRecordBytes) {
     return fail("record is " + std::to_string(bytes.size()) + " bytes; at most " + std::to_string(L::kMaxRecordBytes) +
                 " are allowed");

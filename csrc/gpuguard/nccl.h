@@ -1,15 +1,14 @@
-// NCCL loaded at run time: version, unique id, communicator init under a deadline, abort, last error, and a
-// tiny all-reduce probe. The copy torch already loaded is preferred, so gpuguard tests the NCCL the job uses.
+// NCCL loaded at run time (the copy torch loaded first): version, unique id, status, and GPUGUARD_NCCL.
 #pragma once
 
 #include <array>
-#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "gpuguard/dynlib.h"
 #include "gpuguard/error.h"
 #include "gpuguard/nccl_api.h"
+#include "gpuguard/runtime_library.h"
 
 namespace gpuguard {
 
@@ -42,9 +41,22 @@ class Nccl {
   Result<int> version();
   Result<NcclUniqueId> unique_id();
 
-  // The checking helper every NCCL call goes through: names the call and NCCL's result name, adds NCCL's
-  // description and, when available, ncclGetLastError's text (which names ranks and devices).
-  Error nccl_error(const char* call, int code, const std::string& where, nccl::ncclComm_t comm = nullptr) const;
+  // The checking helper every NCCL call goes through (by way of GPUGUARD_NCCL): ok for ncclSuccess, otherwise an
+  // Error naming the call and NCCL's result name, with NCCL's description and, when available, ncclGetLastError's
+  // text (which names ranks and devices). With a communicator (gpuguard's are non-blocking) ncclInProgress is no
+  // failure: the call has started, and ncclCommGetAsyncError says when it ends.
+  Status check(const char* call, int code, const std::string& where, nccl::ncclComm_t comm = nullptr) const;
+  // Calls `entry` (a member of fn()) with `args`, checked against the communicator `*comm` as it is after the call
+  // (null: none); an entry point NCCL does not export is an Error too.
+  template <typename... Params, typename... Args>
+  Status call(const char* name, nccl::ncclResult_t (*entry)(Params...), const nccl::ncclComm_t* comm,
+              const std::string& where, Args&&... args) const {
+    if (entry == nullptr) {
+      return unavailable_error("NCCL", "dlsym", std::string("NCCL does not export ") + name, where);
+    }
+    nccl::ncclResult_t code = entry(std::forward<Args>(args)...);
+    return check(name, code, where, comm != nullptr ? *comm : nullptr);
+  }
 
 #define GPUGUARD_NCCL_MEMBER(symbol, ret, params) nccl::PFN_##symbol symbol = nullptr;
   struct Functions {
@@ -55,48 +67,22 @@ class Nccl {
   const Functions& fn() const { return fn_; }
 
  private:
-  Nccl() = default;
-  Status load_locked();
+  Nccl();
 
-  mutable std::mutex mutex_;
-  bool load_attempted_ = false;
-  bool already_in_process_ = false;
-  Status load_status_ = ok_status();
-  DynLib lib_;
+  RuntimeLibrary lib_;
   Functions fn_;
 };
 
-// One rank's part in forming a communicator (and, optionally, one small all-reduce) under a deadline.
-struct NcclProbeOptions {
-  int nranks = 1;
-  int rank = 0;
-  NcclUniqueId unique_id{};
-  int device = 0;               // CUDA ordinal in this process (cuda:N)
-  double timeout_s = 60;        // for the whole probe: init, the all-reduce and its synchronisation
-  bool all_reduce = false;      // also run one ncclAllReduce(sum) of a few floats and check the result
-  int all_reduce_count = 4;
-};
-
-struct NcclProbeOutcome {
-  enum class Verdict { kOk, kFailed, kTimedOut };
-  Verdict verdict = Verdict::kOk;
-  // The step that failed or did not finish: "load NCCL", "CUDA context", "ncclCommInitRankConfig",
-  // "ncclAllReduce", "synchronize", "check all-reduce result".
-  std::string stage;
-  Error error;                  // set unless kOk; error.message() is the full text
-  std::string last_error;       // ncclGetLastError(comm) at the time of failure, verbatim
-  bool aborted = false;         // ncclCommAbort was called (timeouts and failures after init began)
-  double elapsed_s = 0;
-  double init_s = 0;            // time to a ready communicator
-  std::vector<float> all_reduce_result;
-  int nccl_version = 0;
-  std::string library;
-
-  bool ok() const { return verdict == Verdict::kOk; }
-  const char* verdict_name() const;
-};
-
-// Never throws; blocks the calling thread for at most about timeout_s (plus the abort itself).
-NcclProbeOutcome run_nccl_probe(const NcclProbeOptions& options);
-
 }  // namespace gpuguard
+
+// The checking helper for NCCL, declared once: GPUGUARD_NCCL(ncclGetVersion, &version) calls
+// Nccl::instance().fn().ncclGetVersion(&version) and, when it fails, returns from the enclosing function (which
+// returns a Status or a Result) an Error naming the call and NCCL's result name. GPUGUARD_NCCL_ON(comm, call, ...)
+// is the same for a call on the non-blocking communicator `comm` (a variable, read after the call), whose last
+// error the Error adds and for which ncclInProgress means the call has started.
+#define GPUGUARD_NCCL(call_name, ...)                                                                   \
+  GPUGUARD_TRY(::gpuguard::Nccl::instance().call(#call_name, ::gpuguard::Nccl::instance().fn().call_name, nullptr, \
+                                                 GPUGUARD_WHERE __VA_OPT__(, ) __VA_ARGS__))
+#define GPUGUARD_NCCL_ON(comm, call_name, ...)                                                          \
+  GPUGUARD_TRY(::gpuguard::Nccl::instance().call(#call_name, ::gpuguard::Nccl::instance().fn().call_name, &(comm), \
+                                                 GPUGUARD_WHERE __VA_OPT__(, ) __VA_ARGS__))

@@ -13,21 +13,6 @@ namespace {
 // cuda.h's CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: enabling twice (a second probe in one process) is fine.
 constexpr int kPeerAccessAlreadyEnabled = 704;
 
-Error missing_entry_point(const char* call) {
-  return Error{"CUDA driver", "dlsym", "", 0,
-               std::string("the driver does not export ") + call + ", which the peer-copy probe needs",
-               GPUGUARD_WHERE};
-}
-
-// Every driver call of the probe goes through this: the call is named once, so the message cannot drift from
-// it, and the driver's own error name comes back in the Error.
-#define GPUGUARD_P2P_CALL(call_name, ...)                                                   \
-  do {                                                                                      \
-    if (fn.call_name == nullptr) return missing_entry_point(#call_name);                    \
-    cu::CUresult gpuguard_rc_ = fn.call_name(__VA_ARGS__);                                  \
-    if (gpuguard_rc_ != cu::CUDA_SUCCESS) return driver.cu_error(#call_name, gpuguard_rc_, GPUGUARD_WHERE); \
-  } while (0)
-
 // A retained primary context, released on every path out of the probe.
 class PrimaryContext {
  public:
@@ -80,14 +65,9 @@ unsigned char peer_copy_filler(int src, int dst, std::size_t offset) {
 
 Result<PeerCopyResult> peer_copy_probe(int src, int dst, std::size_t bytes) {
   auto& driver = CudaDriver::instance();
-  Status ready = driver.init();
-  if (!ready) return ready.error();
-  if (src == dst) {
-    return Error{"gpuguard", "peer_copy_probe", "", 0, "source and destination are the same device", GPUGUARD_WHERE};
-  }
-  if (bytes == 0) {
-    return Error{"gpuguard", "peer_copy_probe", "", 0, "a peer copy of 0 bytes verifies nothing", GPUGUARD_WHERE};
-  }
+  GPUGUARD_TRY(driver.init());
+  if (src == dst) return gpuguard_error("peer_copy_probe", "source and destination are the same device", GPUGUARD_WHERE);
+  if (bytes == 0) return gpuguard_error("peer_copy_probe", "a peer copy of 0 bytes verifies nothing", GPUGUARD_WHERE);
   const auto& fn = driver.fn();
   PeerCopyResult result;
   result.src = src;
@@ -95,37 +75,30 @@ Result<PeerCopyResult> peer_copy_probe(int src, int dst, std::size_t bytes) {
   result.bytes = bytes;
 
   cu::CUdevice src_dev = 0, dst_dev = 0;
-  GPUGUARD_P2P_CALL(cuDeviceGet, &src_dev, src);
-  GPUGUARD_P2P_CALL(cuDeviceGet, &dst_dev, dst);
+  GPUGUARD_CU(cuDeviceGet, &src_dev, src);
+  GPUGUARD_CU(cuDeviceGet, &dst_dev, dst);
   int src_to_dst = 0, dst_to_src = 0;
-  GPUGUARD_P2P_CALL(cuDeviceCanAccessPeer, &src_to_dst, src_dev, dst_dev);
-  GPUGUARD_P2P_CALL(cuDeviceCanAccessPeer, &dst_to_src, dst_dev, src_dev);
+  GPUGUARD_CU(cuDeviceCanAccessPeer, &src_to_dst, src_dev, dst_dev);
+  GPUGUARD_CU(cuDeviceCanAccessPeer, &dst_to_src, dst_dev, src_dev);
   result.peer_access_reported = src_to_dst != 0;
 
   PrimaryContext src_ctx(fn, src_dev), dst_ctx(fn, dst_dev);
-  GPUGUARD_P2P_CALL(cuDevicePrimaryCtxRetain, src_ctx.out(), src_dev);
-  GPUGUARD_P2P_CALL(cuDevicePrimaryCtxRetain, dst_ctx.out(), dst_dev);
+  GPUGUARD_CU(cuDevicePrimaryCtxRetain, src_ctx.out(), src_dev);
+  GPUGUARD_CU(cuDevicePrimaryCtxRetain, dst_ctx.out(), dst_dev);
 
   // Enable peer access where the driver offers it, so that the copy is a real peer write and not a copy
   // staged through host memory (which is what cuMemcpyPeer silently does otherwise).
   auto enable = [&](cu::CUcontext from, cu::CUcontext to) -> Status {
-    GPUGUARD_P2P_CALL(cuCtxSetCurrent, from);
-    if (fn.cuCtxEnablePeerAccess == nullptr) return missing_entry_point("cuCtxEnablePeerAccess");
-    cu::CUresult rc = fn.cuCtxEnablePeerAccess(to, 0);
-    if (rc != cu::CUDA_SUCCESS && static_cast<int>(rc) != kPeerAccessAlreadyEnabled) {
-      return driver.cu_error("cuCtxEnablePeerAccess", rc, GPUGUARD_WHERE);
-    }
+    GPUGUARD_CU(cuCtxSetCurrent, from);
+    Status enabled = driver.call("cuCtxEnablePeerAccess", fn.cuCtxEnablePeerAccess, GPUGUARD_WHERE, to, 0u);
+    if (!enabled && enabled.error().code != kPeerAccessAlreadyEnabled) return enabled;
     return ok_status();
   };
   if (src_to_dst) {
-    Status st = enable(src_ctx.get(), dst_ctx.get());
-    if (!st) return st.error();
+    GPUGUARD_TRY(enable(src_ctx.get(), dst_ctx.get()));
     result.peer_access_enabled = true;
   }
-  if (dst_to_src) {
-    Status st = enable(dst_ctx.get(), src_ctx.get());
-    if (!st) return st.error();
-  }
+  if (dst_to_src) GPUGUARD_TRY(enable(dst_ctx.get(), src_ctx.get()));
 
   std::vector<unsigned char> pattern(bytes), filler(bytes), readback(bytes);
   for (std::size_t i = 0; i < bytes; ++i) {
@@ -134,24 +107,24 @@ Result<PeerCopyResult> peer_copy_probe(int src, int dst, std::size_t bytes) {
   }
 
   DeviceBuffer src_buf(fn, src_ctx.get()), dst_buf(fn, dst_ctx.get());
-  GPUGUARD_P2P_CALL(cuCtxSetCurrent, src_ctx.get());
-  GPUGUARD_P2P_CALL(cuMemAlloc_v2, src_buf.out(), bytes);
-  GPUGUARD_P2P_CALL(cuMemcpyHtoD_v2, src_buf.get(), pattern.data(), bytes);
-  GPUGUARD_P2P_CALL(cuCtxSetCurrent, dst_ctx.get());
-  GPUGUARD_P2P_CALL(cuMemAlloc_v2, dst_buf.out(), bytes);
-  GPUGUARD_P2P_CALL(cuMemcpyHtoD_v2, dst_buf.get(), filler.data(), bytes);
-  GPUGUARD_P2P_CALL(cuCtxSynchronize);
+  GPUGUARD_CU(cuCtxSetCurrent, src_ctx.get());
+  GPUGUARD_CU(cuMemAlloc_v2, src_buf.out(), bytes);
+  GPUGUARD_CU(cuMemcpyHtoD_v2, src_buf.get(), pattern.data(), bytes);
+  GPUGUARD_CU(cuCtxSetCurrent, dst_ctx.get());
+  GPUGUARD_CU(cuMemAlloc_v2, dst_buf.out(), bytes);
+  GPUGUARD_CU(cuMemcpyHtoD_v2, dst_buf.get(), filler.data(), bytes);
+  GPUGUARD_CU(cuCtxSynchronize);
 
   auto start = std::chrono::steady_clock::now();
-  GPUGUARD_P2P_CALL(cuMemcpyPeer, dst_buf.get(), dst_ctx.get(), src_buf.get(), src_ctx.get(), bytes);
-  GPUGUARD_P2P_CALL(cuCtxSynchronize);
-  GPUGUARD_P2P_CALL(cuCtxSetCurrent, src_ctx.get());
-  GPUGUARD_P2P_CALL(cuCtxSynchronize);
+  GPUGUARD_CU(cuMemcpyPeer, dst_buf.get(), dst_ctx.get(), src_buf.get(), src_ctx.get(), bytes);
+  GPUGUARD_CU(cuCtxSynchronize);
+  GPUGUARD_CU(cuCtxSetCurrent, src_ctx.get());
+  GPUGUARD_CU(cuCtxSynchronize);
   result.copy_milliseconds =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
-  GPUGUARD_P2P_CALL(cuCtxSetCurrent, dst_ctx.get());
-  GPUGUARD_P2P_CALL(cuMemcpyDtoH_v2, readback.data(), dst_buf.get(), bytes);
+  GPUGUARD_CU(cuCtxSetCurrent, dst_ctx.get());
+  GPUGUARD_CU(cuMemcpyDtoH_v2, readback.data(), dst_buf.get(), bytes);
 
   bool unchanged = true;
   for (std::size_t i = 0; i < bytes; ++i) {

@@ -12,6 +12,7 @@
 #include "gpuguard/cuda_driver.h"
 #include "gpuguard/identity.h"
 #include "gpuguard/nccl.h"
+#include "gpuguard/nccl_probe.h"
 #include "gpuguard/p2p_probe.h"
 #include "gpuguard/visible_devices.h"
 #include "gpuguard/tensor_devices.h"
