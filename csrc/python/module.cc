@@ -283,6 +283,47 @@ void bind_records(py::module_& m) {
       .field("nccl_version", &NcclProbeOutcome::nccl_version)
       .field("library", &NcclProbeOutcome::library)
       .done();
+
+  using InitRecord = gpuguard::CudaDriver::InitRecord;
+  Record<InitRecord>(m, "DriverInitRecord",
+                     "What gpuguard's cuInit saw: whether it ran, and the CUDA_VISIBLE_DEVICES the driver froze then.")
+      .field("attempted", &InitRecord::attempted)
+      .field("succeeded", &InitRecord::succeeded)
+      .field<OptStr>(
+          "visible_devices_at_init",
+          [](const InitRecord& r) { return r.visible_set ? OptStr(r.visible) : OptStr(); },
+          [](InitRecord& r, const OptStr& v) {
+            r.visible_set = v.has_value();
+            r.visible = v.value_or("");
+          })
+      .field("initialized_before_gpuguard", &InitRecord::initialized_before_gpuguard)
+      .done();
+
+  using gpuguard::HostFingerprint;
+  Record<HostFingerprint>(m, "HostFingerprint", "This host as NCCL identifies it, and what was hashed.")
+      .field("hostname", &HostFingerprint::hostname)
+      .field("hashed", &HostFingerprint::hashed)
+      .field("hash", &HostFingerprint::hash)
+      .field("from_nccl_hostid", &HostFingerprint::from_nccl_hostid)
+      .done();
+
+  using gpuguard::PeerCopyResult;
+  using OptSize = std::optional<std::size_t>;
+  Record<PeerCopyResult>(m, "PeerCopyResult", "One verified GPU-to-GPU copy (gpuguard doctor --p2p).")
+      .field("src", &PeerCopyResult::src)
+      .field("dst", &PeerCopyResult::dst)
+      .field("bytes", &PeerCopyResult::bytes)
+      .field("peer_access_reported", &PeerCopyResult::peer_access_reported)
+      .field("peer_access_enabled", &PeerCopyResult::peer_access_enabled)
+      .field("verified", &PeerCopyResult::verified)
+      .field("mismatched_bytes", &PeerCopyResult::mismatched_bytes)
+      .field<OptSize>(
+          "first_mismatch",
+          [](const PeerCopyResult& r) { return r.mismatched_bytes ? OptSize(r.first_mismatch) : OptSize(); },
+          [](PeerCopyResult& r, const OptSize& v) { r.first_mismatch = v.value_or(0); })
+      .field("destination_unchanged", &PeerCopyResult::destination_unchanged)
+      .field("copy_milliseconds", &PeerCopyResult::copy_milliseconds)
+      .done();
 }
 
 // ---- CUDA driver ------------------------------------------------------------------------------------------
@@ -327,15 +368,8 @@ void bind_binding(py::module_& m) {
   }, py::arg("raw"), py::arg("visible_uuids"),
      "The entry of `raw` the driver rejected, given the UUIDs it enumerated; None when it took every entry.");
 
-  m.def("driver_init_record", [] {
-    auto r = gpuguard::CudaDriver::instance().init_record();
-    py::dict out;
-    out["attempted"] = r.attempted;
-    out["succeeded"] = r.succeeded;
-    out["visible_devices_at_init"] = r.visible_set ? py::object(py::str(r.visible)) : py::object(py::none());
-    out["initialized_before_gpuguard"] = r.initialized_before_gpuguard;
-    return out;
-  }, "What gpuguard's cuInit saw (never initialises anything).");
+  m.def("driver_init_record", [] { return gpuguard::CudaDriver::instance().init_record(); },
+        "What gpuguard's cuInit saw (never initialises anything).");
 }
 
 
@@ -363,14 +397,8 @@ void bind_tensor_devices(py::module_& m) {
 // ---- identity records and placement (issue: duplicate-device detection) -----------------------------------
 
 void bind_identity_placement(py::module_& m) {
-  m.def("host_fingerprint", [] {
-    auto fp = gpuguard::host_fingerprint();
-    py::dict d;
-    d["hostname"] = fp.hostname;
-    d["hash"] = fp.hash;
-    d["from_nccl_hostid"] = fp.from_nccl_hostid;
-    return d;
-  }, "This host as NCCL identifies it: hostname + boot id (or $NCCL_HOSTID), hashed with NCCL's DJB2a.");
+  m.def("host_fingerprint", &gpuguard::host_fingerprint,
+        "This host as NCCL identifies it: hostname + boot id (or $NCCL_HOSTID), hashed with NCCL's DJB2a.");
 
   m.def("analyze_placement",
         [](const std::vector<py::bytes>& encoded, const std::map<std::string, int>& device_rank_totals,
@@ -448,32 +476,17 @@ void bind_nccl(py::module_& m) {
 // ---- diagnostics (issue: doctor/explain) ------------------------------------------------------------------
 
 void bind_diagnostics(py::module_& m) {
-  m.def("peer_copy_probe", [](int src, int dst, std::size_t bytes) -> py::dict {
+  m.def("peer_copy_probe", [](int src, int dst, std::size_t bytes) {
     gpuguard::Result<gpuguard::PeerCopyResult> r = gpuguard::Error{};
     {
       py::gil_scoped_release nogil;  // a broken driver may block here; the caller runs it under a deadline
       r = gpuguard::peer_copy_probe(src, dst, bytes);
     }
-    py::dict out;
-    out["src"] = src;
-    out["dst"] = dst;
-    out["bytes"] = bytes;
-    if (!r) {
-      out["error"] = py::cast(r.error()).attr("as_dict")();
-      return out;
-    }
-    const auto& v = r.value();
-    out["error"] = py::none();
-    out["peer_access_reported"] = v.peer_access_reported;
-    out["peer_access_enabled"] = v.peer_access_enabled;
-    out["verified"] = v.verified;
-    out["mismatched_bytes"] = v.mismatched_bytes;
-    out["first_mismatch"] = v.mismatched_bytes ? py::object(py::int_(v.first_mismatch)) : py::object(py::none());
-    out["destination_unchanged"] = v.destination_unchanged;
-    out["copy_milliseconds"] = v.copy_milliseconds;
-    return out;
+    return r ? std::make_tuple(std::optional<gpuguard::PeerCopyResult>(r.value()), std::optional<gpuguard::Error>())
+             : std::make_tuple(std::optional<gpuguard::PeerCopyResult>(), std::optional<gpuguard::Error>(r.error()));
   }, py::arg("src"), py::arg("dst"), py::arg("bytes"),
-     "Copies `bytes` from visible device src to dst (peer access enabled where offered) and verifies them.");
+     "(result, error): copies `bytes` from visible device src to dst (peer access enabled where offered) and "
+     "verifies them; or None and what failed.");
 }
 
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from conftest import no_driver_env, run_json
-from gpuguard import CudaStateError, LaunchEnvironmentError, RankMappingError
+from gpuguard import CudaStateError, LaunchEnvironmentError, RankMappingError, _C
 from gpuguard.binding import Binding
 from gpuguard.binding.cuda_state import check_cuda_state, earlier_initialisation
 from gpuguard.binding.device_choice import check_visibility, resolve_device
@@ -148,9 +148,9 @@ def test_hiding_every_gpu_on_purpose_is_not_an_error():
 # ---- the CUDA-state check (pure parts) -------------------------------------------------------------------------
 
 def test_who_initialised_cuda_first():
-    fresh = {"attempted": False, "initialized_before_gpuguard": False}
-    ours = {"attempted": True, "visible_devices_at_init": "0,1", "initialized_before_gpuguard": False}
-    other = {"attempted": True, "visible_devices_at_init": "2", "initialized_before_gpuguard": True}
+    fresh = _C.DriverInitRecord(attempted=False, initialized_before_gpuguard=False)
+    ours = _C.DriverInitRecord(attempted=True, visible_devices_at_init="0,1", initialized_before_gpuguard=False)
+    other = _C.DriverInitRecord(attempted=True, visible_devices_at_init="2", initialized_before_gpuguard=True)
     assert earlier_initialisation(fresh, ours, "0,1", torch_initialized=False) is None
     assert earlier_initialisation(ours, ours, "0,1", torch_initialized=False) is None
     assert earlier_initialisation(ours, ours, "2,3", False) == (

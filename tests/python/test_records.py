@@ -15,7 +15,8 @@ from gpuguard.placement import RankIdentity
 
 STUB = Path(gpuguard.__file__).with_name("_C.pyi")
 RECORDS = ["ErrorInfo", "Device", "CudaStatus", "VisibleEntry", "VisibilityProblem", "VisibleDevices",
-           "IdentityRecord", "SharedDevice", "PlacementReport", "NcclStatus", "NcclProbeOutcome"]
+           "IdentityRecord", "SharedDevice", "PlacementReport", "NcclStatus", "NcclProbeOutcome",
+           "DriverInitRecord", "HostFingerprint", "PeerCopyResult"]
 
 
 def _stub_classes() -> dict[str, tuple[set[str], set[str]]]:
@@ -103,3 +104,16 @@ def test_nccl_outcome_has_no_error_when_ok():
     failed = _C.NcclProbeOutcome(verdict="timed out", stage="init", error=_C.ErrorInfo(library="NCCL", detail="late"))
     assert not failed.ok and failed.error.detail == "late" and failed.as_dict()["error"]["message"]
     assert pickle.loads(pickle.dumps(failed)) == failed
+
+
+def test_driver_init_record_host_fingerprint_and_peer_copy_are_records_too():
+    frozen = _C.DriverInitRecord(attempted=True, succeeded=True, visible_devices_at_init="")
+    assert frozen.visible_devices_at_init == "" and _C.DriverInitRecord().visible_devices_at_init is None
+    assert pickle.loads(pickle.dumps(frozen)) == frozen
+    fp = _C.host_fingerprint()
+    assert RankIdentity(host_hash=fp.hash).host_hash == fp.hash  # all 64 bits cross the boundary
+    assert fp.from_nccl_hostid or fp.hostname in fp.hashed
+    copy = _C.PeerCopyResult(src=0, dst=1, bytes=64, verified=True, first_mismatch=7)
+    assert copy.first_mismatch is None  # meaningful only when bytes differ
+    bad = _C.PeerCopyResult(src=0, dst=1, bytes=64, mismatched_bytes=3, first_mismatch=7)
+    assert bad.as_dict()["first_mismatch"] == 7 and json.loads(json.dumps(bad.as_dict())) == bad.as_dict()

@@ -14,8 +14,9 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
+from .. import _C
 from ..errors import CudaStateError
 from ..probes.run import child_env
 
@@ -28,17 +29,17 @@ def _describe_visibility(value: Optional[str]) -> str:
     return f"CUDA_VISIBLE_DEVICES={value!r}" if value is not None else "CUDA_VISIBLE_DEVICES unset"
 
 
-def earlier_initialisation(record_before: Mapping[str, Any], record_after: Mapping[str, Any],
+def earlier_initialisation(record_before: _C.DriverInitRecord, record_after: _C.DriverInitRecord,
                            visible_now: Optional[str], torch_initialized: bool) -> Optional[str]:
     """Who initialised CUDA before bind() with a visibility that may differ from now; None when nobody did.
 
     ``record_before``/``record_after``: ``_C.driver_init_record()`` before and after bind()'s enumeration.
     """
-    if record_after.get("initialized_before_gpuguard"):
+    if record_after.initialized_before_gpuguard:
         return ("another library (torch, or code calling it) initialised CUDA in this process before "
                 "gpuguard first looked, with a CUDA_VISIBLE_DEVICES gpuguard never saw")
-    if record_before.get("attempted"):
-        at_init = record_before.get("visible_devices_at_init")
+    if record_before.attempted:
+        at_init = record_before.visible_devices_at_init
         if at_init != visible_now:
             return (f"gpuguard initialised CUDA earlier in this process (gpuguard.devices() or "
                     f"cuda_status()) while {_describe_visibility(at_init)}")

@@ -124,7 +124,7 @@ def _identity(context: LaunchContext, group: str, host: str, binding: Optional[B
     return RankIdentity(
         rank=context.rank, world_size=context.world_size, group=group, local_rank=local_rank,
         local_world_size=context.local_world_size if context.local_world_size is not None else -1,
-        host_hash=int(_C.host_fingerprint()["hash"]), hostname=host,
+        host_hash=_C.host_fingerprint().hash, hostname=host,
         gpu_uuid=(binding.uuid or "") if on_gpu else "",
         pci_bus_id=(binding.pci_bus_id or "") if on_gpu else "",
         gpu_index=binding.device_index if on_gpu and binding.device_index is not None else -1,

@@ -31,8 +31,9 @@ def probe_p2p(nbytes: int) -> int:
             if src == dst:
                 continue
             emit(event="start", src=src, dst=dst)
-            result = _C.peer_copy_probe(src, dst, nbytes)
-            emit(event="result", **result)
+            result, error = _C.peer_copy_probe(src, dst, nbytes)
+            row = result.as_dict() if result is not None else {"src": src, "dst": dst, "bytes": nbytes}
+            emit(event="result", **row, error=error.as_dict() if error is not None else None)
     return 0
 
 
