@@ -139,6 +139,4 @@ Result<PeerCopyResult> peer_copy_probe(int src, int dst, std::size_t bytes) {
   return result;
 }
 
-#undef GPUGUARD_P2P_CALL
-
 }  // namespace gpuguard

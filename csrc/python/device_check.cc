@@ -110,7 +110,7 @@ py::object device_or_none(std::optional<c10::Device> device) {
   return device ? py::cast(*device) : py::object(py::none());
 }
 
-// Names a forward's positional arguments after its signature (tensors.py), for the report only.
+// Names a forward's positional arguments after its signature (tensor_devices.py), for the report only.
 LabelsFn forward_labels(py::handle module) {
   return [module](Py_ssize_t n) -> py::object {
     return py::module_::import("gpuguard.tensor_devices").attr("_forward_arg_names")(module, n);

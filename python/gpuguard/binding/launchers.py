@@ -284,6 +284,8 @@ class OpenMpiLauncher(_VariableLauncher):
 
 
 class Mvapich2Launcher(_VariableLauncher):
+    """MVAPICH2 ``mpirun_rsh``/``mpiexec``."""
+
     name = "mvapich2"
     description = "MVAPICH2 mpirun_rsh/mpiexec"
     markers = ("MV2_COMM_WORLD_RANK",)
