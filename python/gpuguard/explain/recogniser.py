@@ -1,7 +1,7 @@
 """The one interface every failure explain knows implements: its kinds, keywords, patterns, help line, read, build.
 
-Adding a failure is one module in ``recognisers/`` (a Recogniser subclass) and one line in ``registry.py``.
-A recogniser is stateless: what it learns from the lines it reads goes into the Group of the kind it names
+Adding a failure is one module in ``recognisers/`` (a Recogniser subclass) and its entry (with its import) in
+``registry.py``. A recogniser is stateless: what it learns from the lines it reads goes into the Group of the kind it names
 (``Group.facts`` for its own facts, which it must cap), so one instance serves every LogExplainer.
 """
 
