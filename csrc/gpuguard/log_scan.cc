@@ -22,6 +22,23 @@ std::size_t next_of(const char* data, std::size_t from, std::size_t size, char c
   return found ? static_cast<std::size_t>(static_cast<const char*>(found) - data) : size;
 }
 
+// How many bytes in [p, p + size) equal c: eight at a time (exact zero-byte count of the XOR), the rest one by one.
+std::uint64_t count_byte(const char* p, std::size_t size, char c) {
+  constexpr std::uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
+  const std::uint64_t pattern = 0x0101010101010101ULL * static_cast<unsigned char>(c);
+  std::uint64_t count = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, p + i, 8);
+    const std::uint64_t x = word ^ pattern;                  // a zero byte where p[i..] == c
+    const std::uint64_t zero = ~(((x & kLow7) + kLow7) | x | kLow7);  // its high bit set exactly there
+    count += ((zero >> 7) * 0x0101010101010101ULL) >> 56;  // sum of the eight 0/1 bytes
+  }
+  for (; i < size; ++i) count += p[i] == c;
+  return count;
+}
+
 }  // namespace
 
 KeywordSearch::KeywordSearch(std::vector<std::string> keywords) : keywords_(std::move(keywords)) {
@@ -76,12 +93,97 @@ LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits)
     : search_(std::move(keywords)), limits_(limits) {
   if (limits_.max_line_bytes == 0 || limits_.context_line_bytes == 0)
     throw std::invalid_argument("log scanner: line limits must be positive");
-  recent_.resize(limits_.context_lines);
+  for (const auto& k : search_.keywords())
+    if (k.find_first_of("\r\n") != std::string::npos)
+      throw std::invalid_argument("log scanner: a keyword cannot hold a line end");
 }
+
+namespace {
+
+// Line ends inside one region of bytes [0, size) that ends right after a line end: '\n', "\r\n" or a lone '\r'.
+class Region {
+ public:
+  Region(const char* d, std::size_t size) : d_(d), size_(size) {
+    has_cr_ = std::memchr(d, '\r', size) != nullptr;
+  }
+  // The first line end at or after `from` (size_ when none).
+  std::size_t end_of_line(std::size_t from) {
+    if (!known_ || nl_ < from) nl_ = next_of(d_, from, size_, '\n');
+    if (has_cr_ && (!known_ || cr_ < from)) cr_ = next_of(d_, from, size_, '\r');
+    known_ = true;
+    if (!has_cr_) return nl_;
+    return std::min(nl_, cr_);
+  }
+  // Where the line after the one ending at `end` starts.
+  std::size_t after(std::size_t end) const {
+    return (d_[end] == '\r' && end + 1 < size_ && d_[end + 1] == '\n') ? end + 2 : end + 1;
+  }
+  // Where the line holding `at` starts, looking back no further than `floor`.
+  std::size_t start_of_line(std::size_t floor, std::size_t at) const {
+    std::size_t start = floor;
+    if (at > floor) {
+      if (const void* p = memrchr(d_ + floor, '\n', at - floor))
+        start = static_cast<std::size_t>(static_cast<const char*>(p) - d_) + 1;
+      if (has_cr_)
+        if (const void* p = memrchr(d_ + start, '\r', at - start))
+          start = static_cast<std::size_t>(static_cast<const char*>(p) - d_) + 1;
+    }
+    return start;
+  }
+  // How many lines end in [from, to).
+  std::uint64_t lines_ending(std::size_t from, std::size_t to) const {
+    std::uint64_t count = count_byte(d_ + from, to - from, '\n');
+    if (has_cr_)
+      for (std::size_t i = from; i < to; ++i)
+        if (d_[i] == '\r' && !(i + 1 < size_ && d_[i + 1] == '\n')) ++count;
+    return count;
+  }
+  // The line that ends just before `next_start` (a line start > floor): its [start, end).
+  std::pair<std::size_t, std::size_t> line_before(std::size_t floor, std::size_t next_start) const {
+    std::size_t end = next_start - 1;
+    if (d_[end] == '\n' && end > floor && d_[end - 1] == '\r') --end;
+    return {start_of_line(floor, end), end};
+  }
+
+ private:
+  const char* d_;
+  std::size_t size_;
+  bool has_cr_ = false;
+  std::size_t nl_ = 0, cr_ = 0;   // the next '\n' and '\r' found so far, once known_
+  bool known_ = false;
+};
+
+}  // namespace
 
 void LogScanner::emit(std::uint64_t number, bool hit, std::string_view text) {
   out_.push_back(ScannedLine{number, hit, std::string(text)});
   emitted_through_ = number;
+}
+
+void LogScanner::remember(std::uint64_t number, std::string_view text) {
+  if (limits_.context_lines == 0) return;
+  if (recent_.size() == limits_.context_lines) recent_.pop_front();
+  recent_.push_back(Recent{number, std::string(text.substr(0, limits_.context_line_bytes))});
+}
+
+void LogScanner::context_before(std::uint64_t number, std::vector<std::pair<std::uint64_t, std::string_view>> here) {
+  // `here`: lines of the current region before the hit, newest first; older ones come from `recent_`.
+  std::size_t wanted = limits_.context_lines;
+  std::vector<std::pair<std::uint64_t, std::string_view>> lines;
+  for (auto& l : here) {
+    if (lines.size() == wanted || l.first <= emitted_through_) break;
+    lines.push_back(l);
+  }
+  // remembered lines continue `lines` only if their numbers follow on without a gap
+  std::uint64_t expected = (lines.empty() ? number : lines.back().first) - 1;
+  for (auto it = recent_.rbegin(); it != recent_.rend() && lines.size() < wanted && expected > emitted_through_;
+       ++it) {
+    if (it->number > expected) continue;
+    if (it->number != expected) break;
+    lines.emplace_back(it->number, it->text);
+    --expected;
+  }
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) emit(it->first, false, it->second);
 }
 
 void LogScanner::line(std::string_view text) {
@@ -89,32 +191,68 @@ void LogScanner::line(std::string_view text) {
   const bool hit = search_.find(text) != std::string_view::npos;
   if (hit) {
     ++hits_;
-    // The lines before it that were not handed out yet, oldest first.
-    for (std::size_t i = 0; i < recent_.size(); ++i) {
-      const Recent& r = recent_[(recent_next_ + i) % recent_.size()];
-      if (r.number > emitted_through_ && r.number < number) emit(r.number, false, r.view);
-    }
+    context_before(number, {});
     emit(number, true, text);
     emit_next_ = true;
   } else if (emit_next_) {
     emit(number, false, text);
     emit_next_ = false;
   }
-  if (!recent_.empty()) {
-    Recent& slot = recent_[recent_next_];
-    recent_next_ = (recent_next_ + 1) % recent_.size();
-    slot.number = number;
-    slot.owned.clear();
-    slot.view = text.substr(0, limits_.context_line_bytes);
-  }
+  remember(number, text);
 }
 
-void LogScanner::keep_recent_beyond_feed() {
-  for (Recent& r : recent_) {
-    if (r.view.data() != r.owned.data()) {
-      r.owned.assign(r.view);
-      r.view = r.owned;
+void LogScanner::region(const char* d, std::size_t size) {
+  Region r(d, size);
+  const std::size_t cut = limits_.max_line_bytes;
+  std::size_t pos = 0;
+  while (pos < size) {
+    if (emit_next_) {  // the line right after a hit is handed out whatever it holds
+      std::size_t end = r.end_of_line(pos);
+      line(std::string_view(d + pos, std::min(end - pos, cut)));
+      pos = r.after(end);
+      continue;
     }
+    std::size_t found = search_.find(std::string_view(d + pos, size - pos));
+    if (found == std::string_view::npos) {
+      lines_ += r.lines_ending(pos, size);
+      break;
+    }
+    found += pos;
+    const std::size_t start = r.start_of_line(pos, found);
+    const std::size_t end = r.end_of_line(found);
+    const std::uint64_t number = lines_ + r.lines_ending(pos, start) + 1;
+    const std::string_view text(d + start, std::min(end - start, cut));
+    // a keyword past the cut does not count: the line is judged on its first max_line_bytes
+    if (found >= start + cut || search_.find(text) == std::string_view::npos) {
+      lines_ = number;
+      pos = r.after(end);
+      continue;
+    }
+    std::vector<std::pair<std::uint64_t, std::string_view>> before;
+    std::size_t next_start = start;
+    for (std::uint64_t k = 1; k <= limits_.context_lines && next_start > 0 && number - k > emitted_through_; ++k) {
+      auto [s, e] = r.line_before(0, next_start);
+      before.emplace_back(number - k, std::string_view(d + s, std::min({e - s, cut, limits_.context_line_bytes})));
+      next_start = s;
+    }
+    lines_ = number;
+    ++hits_;
+    context_before(number, std::move(before));
+    emit(number, true, text);
+    emit_next_ = true;
+    pos = r.after(end);
+  }
+  // The region's last lines are the context of a hit early in the next one.
+  std::vector<std::pair<std::uint64_t, std::string_view>> last;
+  std::size_t next_start = size;
+  for (std::uint64_t k = 0; k < limits_.context_lines && next_start > 0 && lines_ > k; ++k) {
+    auto [s, e] = r.line_before(0, next_start);
+    last.emplace_back(lines_ - k, std::string_view(d + s, std::min(e - s, cut)));
+    next_start = s;
+  }
+  for (auto it = last.rbegin(); it != last.rend(); ++it) {
+    if (!recent_.empty() && recent_.back().number >= it->first) continue;
+    remember(it->first, it->second);
   }
 }
 
@@ -126,48 +264,40 @@ void LogScanner::feed(std::string_view bytes) {
     after_cr_ = false;
     if (d[0] == '\n') i = 1;  // "\r\n" split between two reads is one line end
   }
-  std::size_t nl = next_of(d, i, n, '\n');
-  std::size_t cr = next_of(d, i, n, '\r');
-  while (i < n) {
-    if (nl < i) nl = next_of(d, i, n, '\n');
-    if (cr < i) cr = next_of(d, i, n, '\r');
-    const std::size_t e = std::min(nl, cr);
-    const std::size_t room = limits_.max_line_bytes - std::min(partial_.size(), limits_.max_line_bytes);
-    if (e == n) {  // no line end in what is left: keep the line's head, skip the rest
-      partial_.append(d + i, std::min(n - i, room));
-      partial_open_ = true;
-      break;
-    }
-    if (partial_open_) {
-      partial_.append(d + i, std::min(e - i, room));
-      line(partial_);
-      // the ring must not point into partial_, which the next line reuses
-      if (!recent_.empty()) {
-        Recent& last = recent_[(recent_next_ + recent_.size() - 1) % recent_.size()];
-        last.owned.assign(last.view);
-        last.view = last.owned;
-      }
-      partial_.clear();
-      partial_open_ = false;
-    } else {
-      line(std::string_view(d + i, std::min(e - i, limits_.max_line_bytes)));
-    }
-    i = e + 1;
-    if (d[e] == '\r') {
-      if (i < n) {
-        if (d[i] == '\n') ++i;
-      } else {
-        after_cr_ = true;
-      }
-    }
+  if (i == n) return;
+  // The last line end in these bytes: everything before it is whole lines.
+  std::size_t last = n;
+  if (const void* p = memrchr(d + i, '\n', n - i)) last = static_cast<std::size_t>(static_cast<const char*>(p) - d);
+  const std::size_t cr_from = last == n ? i : last;
+  if (const void* p = memrchr(d + cr_from, '\r', n - cr_from))
+    last = static_cast<std::size_t>(static_cast<const char*>(p) - d);
+  const std::size_t room = limits_.max_line_bytes - std::min(partial_.size(), limits_.max_line_bytes);
+  if (last == n) {  // no line end: the head of a line still open
+    partial_.append(d + i, std::min(n - i, room));
+    partial_open_ = true;
+    return;
   }
-  keep_recent_beyond_feed();
+  std::size_t whole_end = last + 1;  // one past the last line end
+  if (d[last] == '\r' && last + 1 == n) after_cr_ = true;
+  if (partial_open_) {  // the line begun in an earlier read ends here
+    Region r(d + i, whole_end - i);
+    std::size_t end = i + r.end_of_line(0);
+    partial_.append(d + i, std::min(end - i, room));
+    line(partial_);
+    partial_.clear();
+    partial_open_ = false;
+    i += r.after(end - i);
+  }
+  if (i < whole_end) region(d + i, whole_end - i);
+  if (whole_end < n) {
+    partial_.assign(d + whole_end, std::min(n - whole_end, limits_.max_line_bytes));
+    partial_open_ = true;
+  }
 }
 
 void LogScanner::finish() {
   if (partial_open_) {
     line(partial_);
-    keep_recent_beyond_feed();
     partial_.clear();
     partial_open_ = false;
   }

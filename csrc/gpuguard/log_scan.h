@@ -14,8 +14,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace gpuguard {
@@ -69,12 +71,14 @@ class LogScanner {
  private:
   struct Recent {                 // one of the last context_lines lines, for context before a hit
     std::uint64_t number = 0;
-    std::string_view view;        // into the bytes being fed, or into `owned`
-    std::string owned;
+    std::string text;             // cut at context_line_bytes
   };
 
   void line(std::string_view text);   // one complete line, already cut at max_line_bytes
-  void keep_recent_beyond_feed();     // views into the caller's bytes become copies before feed() returns
+  void region(const char* data, std::size_t size);   // whole lines, judged with one search across them
+  void remember(std::uint64_t number, std::string_view text);
+  // Hands out the lines before hit `number` not handed out yet: `here` (newest first), then older remembered.
+  void context_before(std::uint64_t number, std::vector<std::pair<std::uint64_t, std::string_view>> here);
   void emit(std::uint64_t number, bool hit, std::string_view text);
 
   KeywordSearch search_;
@@ -83,11 +87,10 @@ class LogScanner {
   std::uint64_t hits_ = 0;
   std::uint64_t emitted_through_ = 0;   // the last line number handed out
   bool emit_next_ = false;              // the line after a hit is handed out too
-  std::string partial_;                 // head of a line still waiting for its terminator (cut)
+  std::string partial_;                 // head of a line still waiting for its end (cut at max_line_bytes)
   bool partial_open_ = false;
   bool after_cr_ = false;               // the last byte fed was a '\r': a '\n' next belongs to it
-  std::vector<Recent> recent_;          // ring of the last context_lines lines
-  std::size_t recent_next_ = 0;
+  std::deque<Recent> recent_;           // the last context_lines lines before the current read
   std::vector<ScannedLine> out_;
 };
 
