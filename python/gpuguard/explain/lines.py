@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any, Iterator, Optional, Union
 
-# Lines longer than this are cut; the rest of such a line is skipped without being held in memory.
+# Lines longer than this (in bytes, as read) are cut; the rest of such a line is skipped without being held in
+# memory (by the C++ reader, gpuguard._scan, for streams; by iter_lines for text).
 MAX_LINE_CHARS = 16 * 1024
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -22,8 +23,11 @@ _RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]:\s*")
 _ROLE_PREFIX = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local>\d+)\]:\s*")
 _NUMBER_PREFIX = re.compile(r"\[(?P<rank>\d+)\]:\s*")
 # NCCL's own WARN line prefix (src/debug.cc): "[timestamp] host:pid:tid [cudaDev] file:line (func) NCCL WARN".
+# Every repetition is bounded and the search looks only at the line's head, so a long line costs linear time.
 _NCCL_WARN_PREFIX = re.compile(
-    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] \S+:\d+(?: \([^)]*\))? NCCL WARN")
+    r"(?<![^\s\]])(?P<host>[^\s:\[\]]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,4})\] "
+    r"[^\s:]{1,255}:\d{1,9}(?: \([^()]{0,255}\))? NCCL WARN")
+_NCCL_WARN_HEAD = 640
 
 
 @dataclass
@@ -79,7 +83,7 @@ def strip_prefixes(line: str) -> tuple[str, Origin]:
             continue
         break
     body = text[pos:]
-    m = _NCCL_WARN_PREFIX.search(body)
+    m = _NCCL_WARN_PREFIX.search(body, 0, _NCCL_WARN_HEAD)
     if m:
         origin.host = m.group("host")
         origin.pid = int(m.group("pid"))
