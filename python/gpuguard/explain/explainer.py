@@ -17,6 +17,8 @@ from .wrapping import continuation, join
 # Lines kept for context (the traceback lines that precede an error), all sources together, each cut here.
 CONTEXT_LINES = 64
 CONTEXT_CHARS = 1024
+# A line shorter than this is not a terminal's wrap of a longer one (terminals are at least 80 columns wide).
+TERMINAL_MIN_WIDTH = 80
 # How much of a stream is read at a time.
 READ_BYTES = 1 << 20
 
@@ -117,21 +119,29 @@ class LogExplainer:
 
     def _unwrap(self, number: int, raw: str, body: str, origin: Origin, following: Optional[str],
                 candidates: Sequence[Recogniser]) -> tuple[str, int]:
-        """The message a wrap broke, whole: joined with the line before when it starts there, and with the line
-        after when it goes on there. A match the line alone holds, clear of both ends, is kept as it is."""
+        """The message a wrap broke, whole. A line that holds a keyword but no match may be the second piece of a
+        message begun on the line before; a match may go on past the line's end (a number cut by the wrap),
+        which only a line at least a terminal wide can show. The joined text is kept only when it matches where
+        the line alone did not, or further than it did."""
         span = _span(body, candidates)
-        if span is not None and 0 < span[0] and span[1] < len(body.rstrip()):
-            return body, number
-        if (span is None or span[0] == 0) and self._context and self._context[-1][0] == number - 1:
+        if span is None and self._context and self._context[-1][0] == number - 1:
             prev_body, prev_origin = strip_prefixes(self._context[-1][1])
             cont = continuation(prev_body, prev_origin, raw)
             if cont is not None:
-                body, number = join(prev_body, cont), number - 1
-                span = _span(body, candidates)
-        if following is not None and (span is None or span[1] >= len(body.rstrip())):
+                joined = join(prev_body, cont)
+                joined_span = _span(joined, candidates)
+                if joined_span is not None:
+                    body, number, span = joined, number - 1, joined_span
+        if following is None:
+            return body, number
+        if span is None or (span[1] >= len(body.rstrip()) and len(body) >= TERMINAL_MIN_WIDTH):
             cont = continuation(body, origin, following)
             if cont is not None:
-                body = join(body, cont)
+                joined = join(body, cont)
+                joined_span = _span(joined, candidates)
+                if joined_span is not None and (span is None or (joined_span[0] == span[0] and
+                                                                 joined_span[1] > span[1])):
+                    body = joined
         return body, number
 
     def kinds(self) -> list[str]:
