@@ -109,12 +109,15 @@ class LogExplainer:
 
     def _parse(self, number: int, raw: str, following: Optional[str]) -> None:
         body, origin = strip_prefixes(raw)
-        candidates = [r for r in READING_ORDER if any(k in body for k in r.keywords)]
-        body, number = self._unwrap(number, raw, body, origin, following, candidates)
+        candidates = [r for r in READING_ORDER if any(k in body for k in r.keywords)]  # in reading order
+        joined, number = self._unwrap(number, raw, body, origin, following, candidates)
+        if joined is not body:
+            body = joined
+            candidates = [r for r in READING_ORDER if any(k in body for k in r.keywords)]
         line = Line(number, body, origin, self._context)
-        for recogniser in READING_ORDER:
-            # each recogniser's matches contain one of its keywords, so skipping the others loses nothing
-            if any(k in body for k in recogniser.keywords) and recogniser.read(line, self._group):
+        # each recogniser's matches contain one of its keywords, so skipping the others loses nothing
+        for recogniser in candidates:
+            if recogniser.read(line, self._group):
                 return
 
     def _unwrap(self, number: int, raw: str, body: str, origin: Origin, following: Optional[str],

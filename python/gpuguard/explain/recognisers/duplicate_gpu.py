@@ -12,7 +12,7 @@ from ..recogniser import Groups, Host, Line, Recogniser
 #   WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", rank, i, busId)
 # (older releases printed the bus id with %x).
 _DUPLICATE = re.compile(
-    r"Duplicate GPU detected : rank (?P<a>\d+) and rank (?P<b>\d+) both on CUDA device (?P<dev>[0-9A-Fa-f]+)")
+    r"Duplicate GPU detected : rank (?P<a>\d{1,9}) and rank (?P<b>\d{1,9}) both on CUDA device (?P<dev>[0-9A-Fa-f]{1,16})")
 # NCCL >= 2.30, src/init.cc (initTransportsRank):
 #   WARN("Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this "
 #        "configuration.")
