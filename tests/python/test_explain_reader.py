@@ -71,7 +71,7 @@ def test_a_keyword_past_the_line_cut_does_not_count_and_the_rest_of_the_line_is_
     scanner = _scan.Scanner([b"invalid device ordinal"], 32, 4, 8)
     assert scanner.feed(b"x" * 20 + b"invalid device ordinal\nok\n") == []
     out = scanner.feed(b"invalid device ordinal" + b"y" * 10_000_000 + b"\n")
-    assert out == [(2, False, b"ok"), (3, True, b"invalid device ordinalyyyyyyyyyy")]
+    assert out == [(1, False, b"xxxxxxxx"), (2, False, b"ok"), (3, True, b"invalid device ordinalyyyyyyyyyy")]
     assert scanner.lines == 3 and scanner.hits == 1
 
 
