@@ -55,14 +55,19 @@ KeywordSearch::KeywordSearch(std::vector<std::string> keywords) : keywords_(std:
   // Every window's last byte pair says how far the window can move without skipping a keyword's start: the
   // distance from that pair's last place in any keyword's first window_ bytes to the window's end.
   shift_.assign(1u << 16, static_cast<std::uint8_t>(window_ - 1));
-  ends_.assign(1u << 16, {});
+  ends_slot_.assign(1u << 16, 0);
   for (std::size_t k = 0; k < keywords_.size(); ++k) {
     const char* head = keywords_[k].data();
     for (std::size_t j = 1; j < window_; ++j) {
       unsigned pair = pair_at(head + j - 1);
       shift_[pair] = std::min<std::uint8_t>(shift_[pair], static_cast<std::uint8_t>(window_ - 1 - j));
     }
-    ends_[pair_at(head + window_ - 2)].push_back(static_cast<std::uint16_t>(k));
+    std::uint16_t& slot = ends_slot_[pair_at(head + window_ - 2)];
+    if (slot == 0) {
+      ends_.emplace_back();
+      slot = static_cast<std::uint16_t>(ends_.size());
+    }
+    ends_[slot - 1].push_back(static_cast<std::uint16_t>(k));
   }
 }
 
@@ -80,7 +85,7 @@ std::size_t KeywordSearch::find(std::string_view text) const {
       continue;
     }
     std::size_t start = end + 1 - m;
-    for (std::uint16_t k : ends_[pair]) {
+    for (std::uint16_t k : ends_[ends_slot_[pair] - 1]) {
       const std::string& kw = keywords_[k];
       if (start + kw.size() <= n && std::memcmp(d + start, kw.data(), kw.size()) == 0) return start;
     }

@@ -49,7 +49,8 @@ class KeywordSearch {
   std::vector<std::string> keywords_;
   std::size_t window_ = 0;                          // the shortest keyword's length
   std::vector<std::uint8_t> shift_;                 // per byte pair: how far the window may move
-  std::vector<std::vector<std::uint16_t>> ends_;    // per byte pair ending a window: the keywords to verify
+  std::vector<std::uint16_t> ends_slot_;           // per byte pair: 1 + its index in ends_, 0 if it ends no window
+  std::vector<std::vector<std::uint16_t>> ends_;    // the keywords to verify where a window ends in that pair
 };
 
 class LogScanner {
