@@ -110,12 +110,10 @@ class LogExplainer:
     def _parse(self, number: int, raw: str, following: Optional[str]) -> None:
         body, origin = strip_prefixes(raw)
         candidates = [r for r in READING_ORDER if any(k in body for k in r.keywords)]  # in reading order
-        joined, number = self._unwrap(number, raw, body, origin, following, candidates)
-        if joined is not body:
-            body = joined
-            candidates = [r for r in READING_ORDER if any(k in body for k in r.keywords)]
+        body, number = self._unwrap(number, raw, body, origin, following, candidates)
         line = Line(number, body, origin, self._context)
-        # each recogniser's matches contain one of its keywords, so skipping the others loses nothing
+        # each recogniser's matches contain one of its keywords, so skipping the others loses nothing; a keyword
+        # that only a joined piece brought in belongs to that piece's own line, which is read on its own
         for recogniser in candidates:
             if recogniser.read(line, self._group):
                 return
@@ -123,9 +121,9 @@ class LogExplainer:
     def _unwrap(self, number: int, raw: str, body: str, origin: Origin, following: Optional[str],
                 candidates: Sequence[Recogniser]) -> tuple[str, int]:
         """The message a wrap broke, whole. A line that holds a keyword but no match may be the second piece of a
-        message begun on the line before; a match may go on past the line's end (a number cut by the wrap),
-        which only a line at least a terminal wide can show. The joined text is kept only when it matches where
-        the line alone did not, or further than it did."""
+        message begun on the line before; a match may go on past the line's end (a number cut by a terminal's
+        wrap), which only a line at least a terminal wide can show. The joined text is kept only when it matches
+        where the line alone did not, or further than it did."""
         span = _span(body, candidates)
         if span is None and self._context and self._context[-1][0] == number - 1:
             prev_body, prev_origin = strip_prefixes(self._context[-1][1])
@@ -139,7 +137,9 @@ class LogExplainer:
             return body, number
         if span is None or (span[1] >= len(body.rstrip()) and len(body) >= TERMINAL_MIN_WIDTH):
             cont = continuation(body, origin, following)
-            if cont is not None:
+            # a match that reaches the line's end grows only into a terminal's wrap (no indent, no prefix): an
+            # indented or prefixed next line may be the next record, and is joined only to complete a match
+            if cont is not None and (span is None or not cont.separator):
                 joined = join(body, cont)
                 joined_span = _span(joined, candidates)
                 if joined_span is not None and (span is None or (joined_span[0] == span[0] and

@@ -17,6 +17,8 @@ from .lines import Origin, strip_prefixes
 
 # A wrapped message is long: a terminal or viewer narrower than this is not in use.
 MIN_WRAPPED_CHARS = 40
+# A next line opening with the same this many characters as the line is another record like it.
+SAME_HEAD_CHARS = 12
 # A continuation is joined to at most this many characters: a "continuation" longer than a screen line is a new line.
 MAX_CONTINUATION_CHARS = 4096
 
@@ -24,7 +26,7 @@ MAX_CONTINUATION_CHARS = 4096
 _RECORD_START = re.compile(
     r"(?:\[?\d{4}-\d\d-\d\d[ T]\d"            # ISO timestamps: logging, NCCL_DEBUG_TIMESTAMP_FORMAT
     r"|\[?[IWEF]\d{4} \d\d:\d\d"               # glog / c10 logging: "I1121 05:00:00", "[E1121 05:00:00"
-    r"|[^\s:\[\]]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\]"   # NCCL: "host:pid:tid [dev]"
+    r"|[^\s:\[\]]{1,255}:\d{1,10}(?::\d{1,10})? (?:\[\d{1,4}\]|NCCL )"  # NCCL: "host:pid:tid [dev]", "host:pid NCCL DIAG"
     r"|Traceback \(|File \"|During handling|The above exception"
     r"|[A-Za-z_][\w.]{0,200}(?:Error|Exception|Warning|Interrupt)\b"
     r"|\[[A-Za-z_]{0,32}\d{1,6}\]:|\(\w{0,64} ?pid=\d"  # another launcher prefix left in the body
@@ -50,6 +52,9 @@ def continuation(line: str, line_origin: Origin, nxt_raw: str) -> Optional[Conti
     body = body.rstrip()
     if not body or len(body) > MAX_CONTINUATION_CHARS or _RECORD_START.match(body):
         return None
+    if len(body) >= SAME_HEAD_CHARS and body[:SAME_HEAD_CHARS] == line[:SAME_HEAD_CHARS]:
+        return None  # the same header again: the next record of the same kind
+
     # a terminal's wrap keeps every character and repeats no prefix; an indented piece, or one under the same
     # prefix again (the program broke its message itself), was broken at a space
     indented = nxt_raw[:1] in (" ", "\t")
