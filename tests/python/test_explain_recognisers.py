@@ -36,6 +36,7 @@ SAMPLES = {
     "nccl_ras_missing": "  The missing rank: 21",
     "nccl_ras_behind": "  6 ranks have launched up to operation 6649",
     "nccl_ras_diagnostics": "node042:12345 NCCL DIAG [INFO] NCCL environment: NCCL_DEBUG=WARN on rank(s) {4,5,6,7}",
+    "torchrun_failures": "  rank      : 5 (local_rank: 1)",
 }
 
 
@@ -43,7 +44,7 @@ def test_kinds_and_help_come_from_the_registry_in_its_order():
     assert KINDS == ("duplicate_gpu", "invalid_device_ordinal", "device_mismatch", "nccl_first_collective_hang",
                      "nccl_timeout", "ray_gpu_count", "gpuguard_stall", "nccl_watchdog_stuck",
                      "flight_recorder_missing_ranks", "flight_recorder_dumped", "nccl_ras_missing", "nccl_ras_behind",
-                     "nccl_ras_diagnostics")
+                     "nccl_ras_diagnostics", "torchrun_failures")
     assert KINDS == tuple(k for r in RECOGNISERS for k in r.kinds)
     assert HELP == ", ".join(r.help for r in RECOGNISERS)
     assert f"It explains: {HELP}. It does not guess" in format_diagnoses([], 3)

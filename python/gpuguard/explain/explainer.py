@@ -34,8 +34,8 @@ class LogExplainer:
     """
 
     def __init__(self, *, match_local: bool = True, local_devices: Optional[Sequence[Any]] = None,
-                 local_host: Optional[str] = None) -> None:
-        self._host = Host(match_local, local_devices, local_host)
+                 local_host: Optional[str] = None, log_is_local: bool = False) -> None:
+        self._host = Host(match_local, local_devices, local_host, log_is_local)
         self._scanner = _scan.Scanner(_KEYWORD_BYTES, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS)
         self._context: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
         self._groups: dict[str, Group] = {}

@@ -39,6 +39,7 @@ class Origin:
     pid: Optional[int] = None           # Ray "(X pid=...)" or NCCL's host:pid:tid
     host: Optional[str] = None          # NCCL's host, or Ray's ip
     nccl_device: Optional[int] = None   # NCCL's "[cudaDev]": the CUDA ordinal of the rank that warned
+    ray: bool = False                   # printed by a Ray worker (its "(Actor pid=...)" prefix)
 
     def key(self) -> tuple[Any, ...]:
         return (self.rank, self.local_rank, self.pid, self.host)
@@ -67,6 +68,7 @@ def strip_prefixes(line: str) -> tuple[str, Origin]:
         m = _RAY_PREFIX.match(text, pos)
         if m:
             origin.pid = int(m.group("pid"))
+            origin.ray = True
             if m.group("ip"):
                 origin.host = m.group("ip")
             pos = m.end()

@@ -12,6 +12,7 @@ from .recognisers.nccl_diagnostics import NcclDiagnostics
 from .recognisers.nccl_ras import NcclRas
 from .recognisers.nccl_timeout import NcclTimeout
 from .recognisers.ray_gpu_count import RayGpuCount
+from .recognisers.torchrun_summary import TorchrunSummary
 from .recognisers.watchdog_stuck import WatchdogStuck
 
 RECOGNISERS: tuple[Recogniser, ...] = (
@@ -25,6 +26,7 @@ RECOGNISERS: tuple[Recogniser, ...] = (
     FlightRecorder(),
     NcclRas(),
     NcclDiagnostics(),
+    TorchrunSummary(),
 )
 
 
