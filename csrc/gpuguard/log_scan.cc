@@ -43,8 +43,8 @@ std::uint64_t count_byte(const char* p, std::size_t size, char c) {
 
 KeywordSearch::KeywordSearch(std::vector<std::string> keywords) : keywords_(std::move(keywords)) {
   if (keywords_.empty()) throw std::invalid_argument("log scanner: no keywords");
-  if (keywords_.size() > std::numeric_limits<std::uint16_t>::max())
-    throw std::invalid_argument("log scanner: too many keywords");
+  if (keywords_.size() > kMaxKeywords)
+    throw std::invalid_argument("log scanner: more than " + std::to_string(kMaxKeywords) + " keywords");
   window_ = kMaxWindow;
   for (const auto& k : keywords_) {
     if (k.size() < kMinKeywordBytes)
@@ -92,6 +92,29 @@ std::size_t KeywordSearch::find(std::string_view text) const {
     ++end;
   }
   return std::string_view::npos;
+}
+
+std::uint64_t KeywordSearch::present(std::string_view text) const {
+  std::uint64_t found = 0;
+  const std::size_t n = text.size();
+  const std::size_t m = window_;
+  if (n < m) return 0;
+  const char* d = text.data();
+  for (std::size_t end = m - 1; end < n;) {
+    unsigned pair = pair_at(d + end - 1);
+    std::uint8_t s = shift_[pair];
+    if (s != 0) {
+      end += s;
+      continue;
+    }
+    std::size_t start = end + 1 - m;
+    for (std::uint16_t k : ends_[ends_slot_[pair] - 1]) {
+      const std::string& kw = keywords_[k];
+      if (start + kw.size() <= n && std::memcmp(d + start, kw.data(), kw.size()) == 0) found |= 1ULL << k;
+    }
+    ++end;
+  }
+  return found;
 }
 
 LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits)
@@ -161,7 +184,12 @@ class Region {
 }  // namespace
 
 void LogScanner::emit(std::uint64_t number, bool hit, std::string_view text) {
-  out_.push_back(ScannedLine{number, hit, std::string(text)});
+  out_.push_back(ScannedLine{number, hit, std::string(text), 0});
+  emitted_through_ = number;
+}
+
+void LogScanner::emit_hit(std::uint64_t number, std::string_view text) {
+  out_.push_back(ScannedLine{number, true, std::string(text), search_.present(text)});
   emitted_through_ = number;
 }
 
@@ -197,7 +225,7 @@ void LogScanner::line(std::string_view text) {
   if (hit) {
     ++hits_;
     context_before(number, {});
-    emit(number, true, text);
+    emit_hit(number, text);
     emit_next_ = true;
   } else if (emit_next_) {
     emit(number, false, text);
@@ -243,7 +271,7 @@ void LogScanner::region(const char* d, std::size_t size) {
     lines_ = number;
     ++hits_;
     context_before(number, std::move(before));
-    emit(number, true, text);
+    emit_hit(number, text);
     emit_next_ = true;
     pos = r.after(end);
   }

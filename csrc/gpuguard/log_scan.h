@@ -28,21 +28,27 @@ struct LogScanLimits {
   std::size_t context_line_bytes = 1024;    // each such line cut here
 };
 
-// One line handed out: its 1-based number in the input, whether it holds a keyword, and its bytes (cut).
+// One line handed out: its 1-based number in the input, whether it holds a keyword, its bytes (cut), and which
+// keywords it holds (bit i: keyword i), so that Python offers it only to the recognisers those keywords belong to.
 struct ScannedLine {
   std::uint64_t number = 0;
   bool hit = false;
   std::string text;
+  std::uint64_t keywords = 0;
 };
 
 // The multi-keyword search, on its own: the first keyword occurrence in a text, in time linear in the text.
 class KeywordSearch {
  public:
-  // Keywords are non-empty byte strings of at least kMinKeywordBytes (shorter ones make the skip useless).
+  // Keywords are byte strings of at least kMinKeywordBytes (shorter ones make the skip useless), at most
+  // kMaxKeywords of them.
   static constexpr std::size_t kMinKeywordBytes = 4;
   explicit KeywordSearch(std::vector<std::string> keywords);
+  static constexpr std::size_t kMaxKeywords = 64;   // one bit each in ScannedLine::keywords
   // Offset of the first occurrence of any keyword, or npos.
   std::size_t find(std::string_view text) const;
+  // Which keywords occur in text (bit i: keyword i), in one pass.
+  std::uint64_t present(std::string_view text) const;
   const std::vector<std::string>& keywords() const { return keywords_; }
 
  private:
@@ -81,6 +87,7 @@ class LogScanner {
   // Hands out the lines before hit `number` not handed out yet: `here` (newest first), then older remembered.
   void context_before(std::uint64_t number, std::vector<std::pair<std::uint64_t, std::string_view>> here);
   void emit(std::uint64_t number, bool hit, std::string_view text);
+  void emit_hit(std::uint64_t number, std::string_view text);
 
   KeywordSearch search_;
   LogScanLimits limits_;

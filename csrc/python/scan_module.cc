@@ -24,8 +24,9 @@ PyObject* lines_to_list(std::vector<gpuguard::ScannedLine> lines) {
   if (list == nullptr) return nullptr;
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const auto& l = lines[i];
-    PyObject* item = Py_BuildValue("(KOy#)", static_cast<unsigned long long>(l.number), l.hit ? Py_True : Py_False,
-                                   l.text.data(), static_cast<Py_ssize_t>(l.text.size()));
+    PyObject* item = Py_BuildValue("(KOy#K)", static_cast<unsigned long long>(l.number), l.hit ? Py_True : Py_False,
+                                   l.text.data(), static_cast<Py_ssize_t>(l.text.size()),
+                                   static_cast<unsigned long long>(l.keywords));
     if (item == nullptr) {
       Py_DECREF(list);
       return nullptr;
@@ -131,9 +132,10 @@ PyObject* scanner_hits(ScannerObject* self, void*) {
 
 PyMethodDef scanner_methods[] = {
     {"feed", reinterpret_cast<PyCFunction>(scanner_feed), METH_O,
-     "feed(data) -> [(line_number, is_hit, bytes)]: the lines handed out from the next bytes of the stream"},
+     "feed(data) -> [(line_number, is_hit, bytes, keywords)]: the lines handed out from the next bytes of the "
+     "stream; keywords has bit i set when keyword i is in a hit"},
     {"finish", reinterpret_cast<PyCFunction>(scanner_finish), METH_NOARGS,
-     "finish() -> [(line_number, is_hit, bytes)]: the stream ended; judges a last unterminated line"},
+     "finish() -> [(line_number, is_hit, bytes, keywords)]: the stream ended; judges a last unterminated line"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef scanner_getset[] = {

@@ -50,7 +50,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t i = 0; i < whole.size(); ++i) {
     const auto& a = whole[i];
     const auto& b = pieces[i];
-    if (a.number != b.number || a.hit != b.hit || a.text != b.text) std::abort();
+    if (a.number != b.number || a.hit != b.hit || a.text != b.text || a.keywords != b.keywords) std::abort();
+    std::uint64_t mask = 0;
+    for (std::size_t k = 0; k < kKeywords.size(); ++k)
+      if (a.hit && a.text.find(kKeywords[k]) != std::string::npos) mask |= 1ULL << k;
+    if (a.keywords != mask) std::abort();  // a hit names exactly the keywords it holds
     if (a.number <= last) std::abort();  // in order, each line once
     last = a.number;
     if (a.text.size() > limits.max_line_bytes) std::abort();

@@ -33,11 +33,11 @@ def reference(data: bytes, keywords, max_line: int, context: int, context_bytes:
         if any(k in cut for k in keywords):
             for j in range(max(1, i - context), i):
                 if j > emitted:
-                    out.append((j, False, lines[j - 1][:min(context_bytes, max_line)]))
-            out.append((i, True, cut))
+                    out.append((j, False, lines[j - 1][:min(context_bytes, max_line)], 0))
+            out.append((i, True, cut, sum(1 << n for n, k in enumerate(keywords) if k in cut)))
             emitted, after_hit = i, True
         elif after_hit:
-            out.append((i, False, cut))
+            out.append((i, False, cut, 0))
             emitted, after_hit = i, False
     return out, len(lines)
 
@@ -71,7 +71,7 @@ def test_a_keyword_past_the_line_cut_does_not_count_and_the_rest_of_the_line_is_
     scanner = _scan.Scanner([b"invalid device ordinal"], 32, 4, 8)
     assert scanner.feed(b"x" * 20 + b"invalid device ordinal\nok\n") == []
     out = scanner.feed(b"invalid device ordinal" + b"y" * 10_000_000 + b"\n")
-    assert out == [(1, False, b"xxxxxxxx"), (2, False, b"ok"), (3, True, b"invalid device ordinalyyyyyyyyyy")]
+    assert out == [(1, False, b"xxxxxxxx", 0), (2, False, b"ok", 0), (3, True, b"invalid device ordinalyyyyyyyyyy", 1)]
     assert scanner.lines == 3 and scanner.hits == 1
 
 

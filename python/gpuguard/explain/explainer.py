@@ -23,6 +23,8 @@ TERMINAL_MIN_WIDTH = 80
 READ_BYTES = 1 << 20
 
 _KEYWORD_BYTES = [k.encode() for k in KEYWORDS]
+# Bit i of the mask the reader gives a hit is KEYWORDS[i]: the recognisers owning the keywords a line holds.
+_KEYWORD_MASKS = {r: sum(1 << i for i, k in enumerate(KEYWORDS) if k in r.keywords) for r in READING_ORDER}
 
 
 class LogExplainer:
@@ -39,7 +41,7 @@ class LogExplainer:
         self._scanner = _scan.Scanner(_KEYWORD_BYTES, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS)
         self._context: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
         self._groups: dict[str, Group] = {}
-        self._pending: Optional[tuple[int, str]] = None  # a hit waiting for the line after it
+        self._pending: Optional[tuple[int, str, int]] = None  # a hit waiting for the line after it
         self._finished = False
 
     @property
@@ -82,12 +84,12 @@ class LogExplainer:
             self._take(self._scanner.finish())
             self._flush(None)
 
-    def _take(self, handed: Iterable[tuple[int, bool, bytes]]) -> None:
-        for number, hit, raw in handed:
+    def _take(self, handed: Iterable[tuple[int, bool, bytes, int]]) -> None:
+        for number, hit, raw, keywords in handed:
             text = raw.decode("utf-8", "replace")
             self._flush((number, text))
             if hit:
-                self._pending = (number, text)
+                self._pending = (number, text, keywords)
             else:
                 self._context.append((number, text[:CONTEXT_CHARS]))
 
@@ -95,10 +97,10 @@ class LogExplainer:
         """Reads the pending hit, now that the line after it (``nxt``) is known."""
         if self._pending is None:
             return
-        number, text = self._pending
+        number, text, keywords = self._pending
         self._pending = None
         following = nxt[1] if nxt is not None and nxt[0] == number + 1 else None
-        self._parse(number, text, following)
+        self._parse(number, text, keywords, following)
         self._context.append((number, text[:CONTEXT_CHARS]))
 
     def _group(self, kind: str) -> Group:
@@ -107,9 +109,11 @@ class LogExplainer:
             group = self._groups[kind] = Group()
         return group
 
-    def _parse(self, number: int, raw: str, following: Optional[str]) -> None:
+    def _parse(self, number: int, raw: str, keywords: int, following: Optional[str]) -> None:
         body, origin = strip_prefixes(raw)
-        candidates = [r for r in READING_ORDER if any(k in body for k in r.keywords)]  # in reading order
+        # the recognisers owning a keyword the reader found in the line, in reading order (a keyword split by a
+        # multi-byte character the decoder replaced is not offered: the reader's bytes are the truth)
+        candidates = [r for r in READING_ORDER if keywords & _KEYWORD_MASKS[r]]
         body, number = self._unwrap(number, raw, body, origin, following, candidates)
         line = Line(number, body, origin, self._context)
         # each recogniser's matches contain one of its keywords, so skipping the others loses nothing; a keyword

@@ -59,7 +59,7 @@ class Origin:
 
 def strip_prefixes(line: str) -> tuple[str, Origin]:
     """The line's text without ANSI colours and launcher prefixes, and who printed it."""
-    text = _ANSI.sub("", line).rstrip("\r\n")
+    text = (_ANSI.sub("", line) if "\x1b" in line else line).rstrip("\r\n")
     origin = Origin()
     pos = 0
     while True:
