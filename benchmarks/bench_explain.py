@@ -2,13 +2,14 @@
 
 Part 1, one ordinary NCCL_DEBUG=INFO-like log (--mb, default 64 MiB), each contender in its own process:
   - gpuguard explain_file: the C++ reader (gpuguard._scan) hands Python only the lines with a keyword;
-  - the Python line loop explain used before it (iter_lines, a substring test per keyword per line);
+  - the Python line loop explain used before it (iter_lines, a substring test per keyword per line), and with
+    --before, the explain_file of a checkout from before the C++ reader (its own keywords and recognisers);
   - `grep -c -F` with the same keywords (the floor: one C pass that only counts).
   Prints seconds, MiB/s and the ratios (targets: >= 10x the Python loop, within 3x of grep).
 Part 2, time per MiB at 1, 4, 16 and 64 MiB for an ordinary log and for the long-line shapes of issue 15 (16 KB
   lines opening like a known message; lines of 16,000 letters ending in " invalid device ordinal"), plus one
   --big-mb (default 200) MiB ordinary log: a reader linear in its input shows a flat column (printed, not asserted).
-Saves JSON under benchmarks/results/. Usage: python benchmarks/bench_explain.py [--mb 64] [--big-mb 200] [--repeat 3]
+Saves JSON under benchmarks/results/. Usage: python benchmarks/bench_explain.py [--mb 64] [--big-mb 200] [--repeat 3] [--before ../main/python]
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def make_log(path: Path, mib: float, block: bytes) -> None:
         f.write(b"[rank12]: torch.AcceleratorError: CUDA error: invalid device ordinal\n")
 
 
-def run(body: str, path: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RUNNER.format(body=body), str(path)], env=ENV,
+def run(body: str, path: Path, pythonpath: str = "") -> dict:
+    env = dict(ENV, PYTHONPATH=pythonpath) if pythonpath else ENV
+    proc = subprocess.run([sys.executable, "-c", RUNNER.format(body=body), str(path)], env=env,
                           capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
@@ -105,7 +107,8 @@ def grep_seconds(path: Path) -> float:
 
     args = ["grep", "-c", "-F"] + [a for k in KEYWORDS for a in ("-e", k)] + [str(path)]
     start = time.perf_counter()
-    subprocess.run(args, stdout=subprocess.DEVNULL, check=False)
+    # output to a pipe, not /dev/null: GNU grep stops at the first match when its output is /dev/null
+    subprocess.run(args, stdout=subprocess.PIPE, check=False)
     return time.perf_counter() - start
 
 
@@ -119,6 +122,9 @@ def main() -> None:
     parser.add_argument("--big-mb", type=float, default=200)
     parser.add_argument("--sizes", default="1,4,16,64")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--before", metavar="PYTHONPATH",
+                        help="the python/ folder of a checkout before the C++ reader (e.g. main's): its explain_file "
+                             "joins part 1 as 'explain_file before'")
     args = parser.parse_args()
     results: dict = {"machine": platform.processor() or platform.machine(), "repeat": args.repeat}
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,6 +134,9 @@ def main() -> None:
         head = {}
         for name, body in CONTENDERS.items():
             head[name] = best(lambda: run(body, path)["seconds"], args.repeat)
+        if args.before:
+            head["explain_file before"] = best(
+                lambda: run(CONTENDERS["gpuguard explain_file"], path, args.before)["seconds"], args.repeat)
         head["grep -c -F (same keywords)"] = best(lambda: grep_seconds(path), args.repeat)
         kinds = run(CONTENDERS["gpuguard explain_file"], path)["kinds"]
         print(f"1. an ordinary log of {size:.0f} MiB, best of {args.repeat}, {results['machine']}; "
@@ -138,6 +147,9 @@ def main() -> None:
         ours = head["gpuguard explain_file"]
         print(f"   gpuguard vs the Python line loop: {head['Python line loop (before)'] / ours:.1f}x faster "
               f"(target >= 10x)")
+        if args.before:
+            print(f"   gpuguard vs explain_file before: {head['explain_file before'] / ours:.1f}x faster "
+                  f"(target >= 10x)")
         print(f"   gpuguard vs grep -c -F: {ours / head['grep -c -F (same keywords)']:.2f}x grep's time (target <= 3x)")
         results["ordinary"] = {"mib": size, "seconds": head}
 
