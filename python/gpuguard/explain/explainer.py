@@ -50,7 +50,8 @@ class LogExplainer:
         return int(self._scanner.lines)
 
     def feed(self, text: Union[str, bytes]) -> None:
-        """The next piece of the log: any number of lines, or part of one (the rest may follow)."""
+        """The next piece of the log. Bytes may end anywhere (the rest of a line may follow in the next piece); a
+        str is whole lines (one without a line end gets one)."""
         data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
         if isinstance(text, str) and text and not text.endswith(("\n", "\r")):
             data += b"\n"  # a str is whole lines: a line fed alone ends with it
@@ -152,7 +153,9 @@ class LogExplainer:
         return body, number
 
     def kinds(self) -> list[str]:
-        """The kinds recognised so far, in report order, without building the diagnoses."""
+        """The kinds recognised so far, in report order, without building the diagnoses (a last line still open
+        waits for finish())."""
+        self._flush(None)
         return [kind for kind in KINDS if kind in self._groups]
 
     def diagnoses(self) -> list[Diagnosis]:
