@@ -1,34 +1,107 @@
 """gpuguard: catch GPU-placement mistakes in multi-GPU PyTorch and Ray jobs before they cost a run.
 
-Importing gpuguard never initialises CUDA: the driver reads CUDA_VISIBLE_DEVICES once, at its first
+Importing gpuguard imports neither torch nor the compiled core until a name that needs them is used, and never
+initialises CUDA: the driver reads CUDA_VISIBLE_DEVICES once, at its first
 initialisation, and a library that did so at import would freeze the wrong visibility.
 """
 
 from __future__ import annotations
 
-from ._load_core import TORCH_VERSION_BUILT_FOR
-from .binding import Binding, bind, init_process_group
-from .devices import CudaStatus, Device, cuda_status, devices
-from .doctor import DoctorReport, Finding
-from .doctor import run_doctor as doctor
-from .errors import (
-    CudaStateError,
-    DeviceMismatchError,
-    DuplicateDeviceError,
-    GpuGuardError,
-    GpuGuardWarning,
-    LaunchEnvironmentError,
-    RankMappingError,
-    RayPlacementError,
-    RayRendezvousError,
-    RendezvousTimeoutError,
-)
-from .explain import Diagnosis, Evidence, explain, explain_file
-from .binding.launchers import LaunchContext, detect as detect_launcher
-from .tensor_devices import GuardHandle, assert_same_device, guard, same_device
-from .ray import PlacementReport, RayPlacement, ray_placement
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names below are, for type checkers; at run time each loads on first use
+    from ._load_core import TORCH_VERSION_BUILT_FOR
+    from .binding import Binding, bind, init_process_group
+    from .devices import CudaStatus, Device, cuda_status, devices
+    from .doctor import DoctorReport, Finding
+    from .doctor import run_doctor as doctor
+    from .errors import (
+        CudaStateError,
+        DeviceMismatchError,
+        DuplicateDeviceError,
+        GpuGuardError,
+        GpuGuardWarning,
+        LaunchEnvironmentError,
+        RankMappingError,
+        RayPlacementError,
+        RayRendezvousError,
+        RendezvousTimeoutError,
+    )
+    from .explain import Diagnosis, Evidence, explain, explain_file
+    from .binding.launchers import LaunchContext, detect as detect_launcher
+    from .tensor_devices import GuardHandle, assert_same_device, guard, same_device
+    from .ray import PlacementReport, RayPlacement, ray_placement
 
 from ._version import __version__
+
+# Public name -> (module, attribute). Loaded on first use (PEP 562), so that `gpuguard explain` and anything
+# else that needs neither torch nor the torch-linked core (gpuguard._C) starts without importing them: torch
+# alone costs seconds and most of a gigabyte. Every module that needs _C gets it through _load_core (below).
+_LAZY: dict[str, tuple[str, str]] = {
+    "TORCH_VERSION_BUILT_FOR": ("._load_core", "TORCH_VERSION_BUILT_FOR"),
+    "Binding": (".binding", "Binding"),
+    "bind": (".binding", "bind"),
+    "init_process_group": (".binding", "init_process_group"),
+    "CudaStatus": (".devices", "CudaStatus"),
+    "Device": (".devices", "Device"),
+    "cuda_status": (".devices", "cuda_status"),
+    "devices": (".devices", "devices"),
+    "DoctorReport": (".doctor", "DoctorReport"),
+    "Finding": (".doctor", "Finding"),
+    "doctor": (".doctor", "run_doctor"),
+    **{name: (".errors", name) for name in (
+        "CudaStateError", "DeviceMismatchError", "DuplicateDeviceError", "GpuGuardError", "GpuGuardWarning",
+        "LaunchEnvironmentError", "RankMappingError", "RayPlacementError", "RayRendezvousError",
+        "RendezvousTimeoutError")},
+    "Diagnosis": (".explain", "Diagnosis"),
+    "Evidence": (".explain", "Evidence"),
+    "explain": (".explain", "explain"),
+    "explain_file": (".explain", "explain_file"),
+    "LaunchContext": (".binding.launchers", "LaunchContext"),
+    "detect_launcher": (".binding.launchers", "detect"),
+    "GuardHandle": (".tensor_devices", "GuardHandle"),
+    "assert_same_device": (".tensor_devices", "assert_same_device"),
+    "guard": (".tensor_devices", "guard"),
+    "same_device": (".tensor_devices", "same_device"),
+    "PlacementReport": (".ray", "PlacementReport"),
+    "RayPlacement": (".ray", "RayPlacement"),
+    "ray_placement": (".ray", "ray_placement"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_C":  # `from . import _C` anywhere: torch first, then the core, with the version check
+        return importlib.import_module("._load_core", __name__).load()
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'gpuguard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(target[0], __name__), target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+# Three public functions share their name with the module that defines them (gpuguard.devices() in
+# gpuguard/devices.py, ...). Importing such a module sets it as the package's attribute; here the function keeps
+# the name, as it did when this file imported everything at once. The modules stay in sys.modules.
+_FUNCTIONS_NAMED_LIKE_MODULES = frozenset({"devices", "doctor", "explain"})
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FUNCTIONS_NAMED_LIKE_MODULES and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "Binding",

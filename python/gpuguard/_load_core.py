@@ -1,10 +1,14 @@
 """Loads the compiled core, gpuguard._C, after torch, and turns a version mismatch into one clear error.
 
-The package imports this module first; every other module then refers to the core by its one name,
-``from . import _C`` (or ``from .. import _C``).
+Every module refers to the core by its one name, ``from . import _C`` (or ``from .. import _C``); the package's
+``__getattr__`` sends that here the first time, so torch is imported only when something needs the core.
+(gpuguard._scan, the log reader, links neither and is imported directly.)
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 import torch  # noqa: F401  (must come first: _C links against torch's libraries)
 
@@ -28,7 +32,7 @@ def _load() -> None:
             f"pip install --no-build-isolation .)"
         )
     try:
-        from . import _C
+        importlib.import_module("._C", __package__)
     except ImportError as exc:
         if built_for is None:
             raise ImportError(
@@ -42,6 +46,13 @@ def _load() -> None:
 
 
 _load()
+
+
+def load() -> Any:
+    """The loaded core module (gpuguard._C)."""
+    return importlib.import_module("._C", __package__)
+
+
 TORCH_VERSION_BUILT_FOR: str | None = getattr(
     __import__("gpuguard._build_info", fromlist=["TORCH_VERSION"]), "TORCH_VERSION", None
 )

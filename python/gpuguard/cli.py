@@ -36,7 +36,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import LogExplainer, format_diagnoses
 
-    explainer = LogExplainer(match_local=not args.no_local)
+    explainer = LogExplainer(match_local=not args.no_local, log_is_local=args.this_host)
     if args.file in (None, "-"):
         if sys.stdin.isatty():
             print("gpuguard explain: reading the error text from the terminal; end it with Ctrl-D "
@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--no-local", action="store_true",
                    help="do not match NCCL's PCI bus ids to this host's GPUs (leaves the CUDA driver alone)")
+    p.add_argument("--this-host", action="store_true",
+                   help="the log was written on this machine: its GPUs shape the advice (e.g. a host with one GPU)")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("doctor", help="report on this machine and process, with findings and fixes",

@@ -147,6 +147,7 @@ def test_import_with_a_different_torch_names_both_versions():
         built = torch.__version__
         torch.__version__ = "1.13.1"
         import gpuguard
+        gpuguard.devices  # the first name that needs the core loads it (importing gpuguard alone loads neither)
     """, no_driver_env(), check=False)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]

@@ -28,12 +28,23 @@ SAMPLES = {
     "nccl_timeout": "[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, "
                     "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600017 milliseconds before timing out.",
     "ray_gpu_count": "ValueError: Attempting to start raylet with 8 GPUs, but CUDA_VISIBLE_DEVICES contains ['0'].",
+    "gpuguard_stall": '{"gpuguard_stall": {"kind": "rank_behind", "op": "ALL_REDUCE", "stuck_ranks": [2]}}',
+    "nccl_watchdog_stuck": "[PG ID 0 PG GUID 0(default_pg) Rank 3] ProcessGroupNCCL's watchdog got stuck for 480 "
+                           "seconds without making progress in monitoring enqueued collectives.",
+    "flight_recorder_missing_ranks": "Not all ranks joining collective, sequence number: 4",
+    "flight_recorder_dumped": "[Rank 0] ProcessGroupNCCL dumping nccl trace to /tmp/trace_0",
+    "nccl_ras_missing": "  The missing rank: 21",
+    "nccl_ras_behind": "  6 ranks have launched up to operation 6649",
+    "nccl_ras_diagnostics": "node042:12345 NCCL DIAG [INFO] NCCL environment: NCCL_DEBUG=WARN on rank(s) {4,5,6,7}",
+    "torchrun_failures": "  rank      : 5 (local_rank: 1)",
 }
 
 
 def test_kinds_and_help_come_from_the_registry_in_its_order():
     assert KINDS == ("duplicate_gpu", "invalid_device_ordinal", "device_mismatch", "nccl_first_collective_hang",
-                     "nccl_timeout", "ray_gpu_count")
+                     "nccl_timeout", "ray_gpu_count", "gpuguard_stall", "nccl_watchdog_stuck",
+                     "flight_recorder_missing_ranks", "flight_recorder_dumped", "nccl_ras_missing", "nccl_ras_behind",
+                     "nccl_ras_diagnostics", "torchrun_failures")
     assert KINDS == tuple(k for r in RECOGNISERS for k in r.kinds)
     assert HELP == ", ".join(r.help for r in RECOGNISERS)
     assert f"It explains: {HELP}. It does not guess" in format_diagnoses([], 3)

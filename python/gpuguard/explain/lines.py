@@ -7,7 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any, Iterator, Optional, Union
 
-# Lines longer than this are cut; the rest of such a line is skipped without being held in memory.
+# Lines longer than this (in bytes, as read) are cut; the rest of such a line is skipped without being held in
+# memory (by the C++ reader, gpuguard._scan, for streams; by iter_lines for text).
 MAX_LINE_CHARS = 16 * 1024
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -22,8 +23,11 @@ _RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]:\s*")
 _ROLE_PREFIX = re.compile(r"\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<local>\d+)\]:\s*")
 _NUMBER_PREFIX = re.compile(r"\[(?P<rank>\d+)\]:\s*")
 # NCCL's own WARN line prefix (src/debug.cc): "[timestamp] host:pid:tid [cudaDev] file:line (func) NCCL WARN".
+# Every repetition is bounded and the search looks only at the line's head, so a long line costs linear time.
 _NCCL_WARN_PREFIX = re.compile(
-    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] \S+:\d+(?: \([^)]*\))? NCCL WARN")
+    r"(?<![^\s\]])(?P<host>[^\s:\[\]]{1,255}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) \[(?P<dev>\d{1,4})\] "
+    r"[^\s:]{1,255}:\d{1,9}(?: \([^()]{0,255}\))? NCCL WARN")
+_NCCL_WARN_HEAD = 640
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Origin:
     pid: Optional[int] = None           # Ray "(X pid=...)" or NCCL's host:pid:tid
     host: Optional[str] = None          # NCCL's host, or Ray's ip
     nccl_device: Optional[int] = None   # NCCL's "[cudaDev]": the CUDA ordinal of the rank that warned
+    ray: bool = False                   # printed by a Ray worker (its "(Actor pid=...)" prefix)
 
     def key(self) -> tuple[Any, ...]:
         return (self.rank, self.local_rank, self.pid, self.host)
@@ -54,7 +59,7 @@ class Origin:
 
 def strip_prefixes(line: str) -> tuple[str, Origin]:
     """The line's text without ANSI colours and launcher prefixes, and who printed it."""
-    text = _ANSI.sub("", line).rstrip("\r\n")
+    text = (_ANSI.sub("", line) if "\x1b" in line else line).rstrip("\r\n")
     origin = Origin()
     pos = 0
     while True:
@@ -63,6 +68,7 @@ def strip_prefixes(line: str) -> tuple[str, Origin]:
         m = _RAY_PREFIX.match(text, pos)
         if m:
             origin.pid = int(m.group("pid"))
+            origin.ray = True
             if m.group("ip"):
                 origin.host = m.group("ip")
             pos = m.end()
@@ -79,7 +85,7 @@ def strip_prefixes(line: str) -> tuple[str, Origin]:
             continue
         break
     body = text[pos:]
-    m = _NCCL_WARN_PREFIX.search(body)
+    m = _NCCL_WARN_PREFIX.search(body, 0, _NCCL_WARN_HEAD)
     if m:
         origin.host = m.group("host")
         origin.pid = int(m.group("pid"))

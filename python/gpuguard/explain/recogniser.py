@@ -34,10 +34,12 @@ class Host:
     """This machine, for matching what a log names (PCI bus ids, host names) to it; asked only when needed."""
 
     def __init__(self, match_local: bool, local_devices: Optional[Sequence[Any]] = None,
-                 local_host: Optional[str] = None) -> None:
+                 local_host: Optional[str] = None, log_is_local: bool = False) -> None:
         self.match_local = match_local
         self._devices = list(local_devices) if local_devices is not None else None
         self._name = local_host
+        #: the user said the log was written on this machine (`gpuguard explain --this-host`)
+        self.log_is_local = log_is_local
 
     def devices(self) -> Optional[list[Any]]:
         """This host's GPUs (gpuguard.devices(), which initialises the driver); None without match_local."""

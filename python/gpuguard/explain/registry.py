@@ -5,9 +5,15 @@ from __future__ import annotations
 from .recogniser import Recogniser
 from .recognisers.device_mismatch import DeviceMismatch
 from .recognisers.duplicate_gpu import DuplicateGpu
+from .recognisers.flight_recorder import FlightRecorder
+from .recognisers.gpuguard_stall import GpuguardStall
 from .recognisers.invalid_device_ordinal import InvalidDeviceOrdinal
+from .recognisers.nccl_diagnostics import NcclDiagnostics
+from .recognisers.nccl_ras import NcclRas
 from .recognisers.nccl_timeout import NcclTimeout
 from .recognisers.ray_gpu_count import RayGpuCount
+from .recognisers.torchrun_summary import TorchrunSummary
+from .recognisers.watchdog_stuck import WatchdogStuck
 
 RECOGNISERS: tuple[Recogniser, ...] = (
     DuplicateGpu(),
@@ -15,6 +21,12 @@ RECOGNISERS: tuple[Recogniser, ...] = (
     DeviceMismatch(),
     NcclTimeout(),
     RayGpuCount(),
+    GpuguardStall(),
+    WatchdogStuck(),
+    FlightRecorder(),
+    NcclRas(),
+    NcclDiagnostics(),
+    TorchrunSummary(),
 )
 
 

@@ -16,11 +16,11 @@ from ..recogniser import Groups, Host, Line, Recogniser
 #    on cpu (when checking argument in method wrapper_CUDA_addmm)"
 _MISMATCH_TWO = re.compile(
     r"Expected all tensors to be on the same (?:common )?device, but found at least two devices, "
-    r"(?P<a>[\w:]+) and (?P<b>[\w:]+)!"
-    r"(?: \(when checking ar(?:gu|ug)ment for argument (?P<arg>\w+) in method (?P<method>[\w.]+)\))?")
+    r"(?P<a>[\w:]{1,64}) and (?P<b>[\w:]{1,64})!"
+    r"(?: \(when checking ar(?:gu|ug)ment for argument (?P<arg>\w{1,128}) in method (?P<method>[\w.]{1,256})\))?")
 _MISMATCH_GOT = re.compile(
-    r"Expected all tensors to be on the same device, but got (?P<arg>\w+) is on (?P<a>[\w:]+), "
-    r"different from other tensors on (?P<b>[\w:]+)(?: \(when checking argument in method (?P<method>[\w.]+)\))?")
+    r"Expected all tensors to be on the same device, but got (?P<arg>\w{1,128}) is on (?P<a>[\w:]{1,64}), "
+    r"different from other tensors on (?P<b>[\w:]{1,64})(?: \(when checking argument in method (?P<method>[\w.]{1,256})\))?")
 
 
 class DeviceMismatch(Recogniser):

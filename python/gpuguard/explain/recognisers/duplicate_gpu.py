@@ -12,7 +12,7 @@ from ..recogniser import Groups, Host, Line, Recogniser
 #   WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", rank, i, busId)
 # (older releases printed the bus id with %x).
 _DUPLICATE = re.compile(
-    r"Duplicate GPU detected : rank (?P<a>\d+) and rank (?P<b>\d+) both on CUDA device (?P<dev>[0-9A-Fa-f]+)")
+    r"Duplicate GPU detected : rank (?P<a>\d{1,9}) and rank (?P<b>\d{1,9}) both on CUDA device (?P<dev>[0-9A-Fa-f]{1,16})")
 # NCCL >= 2.30, src/init.cc (initTransportsRank):
 #   WARN("Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this "
 #        "configuration.")
@@ -81,10 +81,14 @@ class DuplicateGpu(Recogniser):
                 uf.union(a, b)
             dup_numbers[key] = number
             group.add(line.number, body, ranks=(a, b, origin.rank))
+            if origin.ray:
+                group.facts["ray"] = True
             return True
         if _MULTI_RANK.search(body):
             group = groups("duplicate_gpu")
             group.facts["multi_rank_message"] = True
+            if origin.ray:
+                group.facts["ray"] = True
             devices = [f"cuda:{origin.nccl_device} in the process of {origin.describe() or 'a rank'}"] \
                 if origin.nccl_device is not None else []
             group.add(line.number, body, ranks=(origin.rank,), devices=devices)
@@ -116,32 +120,59 @@ class DuplicateGpu(Recogniser):
             who = f" (reported by {ranks_phrase(group.ranks)})" if group.ranks else ""
             summary = ("Two or more ranks of one NCCL communicator are on the same GPU or MIG partition" + who +
                        ". NCCL 2.30 and later do not say which ranks or which GPU.")
-        cause = _cause(all_sets)
-        fix = ("Give every rank its own GPU: call torch.cuda.set_device(local_rank) (LOCAL_RANK from the launcher) "
+        cause = _cause(all_sets, group.facts.get("ray", False))
+        one_gpu_here = _one_gpu_here(host, group)
+        fix = one_gpu_here or ("Give every rank its own GPU: call torch.cuda.set_device(local_rank) (LOCAL_RANK from the launcher) "
                "before init_process_group, or use gpuguard.init_process_group(), which binds each rank to its GPU "
                "and stops every rank with one report naming all ranks per device before NCCL starts. Start no more "
                "processes per node than it has GPUs; in Ray give each NCCL actor num_gpus=1 (with verl, "
                "max_colocate_count=1).")
-        if multi:
+        if multi and not one_gpu_here:
             fix += (" Set NCCL_MULTI_RANK_GPU_ENABLE=1 only if sharing is intended (several ranks on purpose on one "
                     "GPU or one MIG instance); it does not fix a placement mistake.")
         return Diagnosis(kind, summary, tuple(sorted(group.ranks)), tuple(devices), cause, fix,
                          group.sorted_evidence(), group.occurrences)
 
 
-def _cause(sets: list[list[int]]) -> str:
+def _cause(sets: list[list[int]], ray: bool = False) -> str:
     base = ("NCCL found two ranks on one host whose GPUs have the same PCI bus id, so they share one GPU. ")
+    if ray:
+        # the lines come from Ray workers: Ray packs actors onto one GPU when each asks for a fraction of it
+        base += ("The ranks are Ray workers: Ray puts several actors on one GPU when each asks for a fraction "
+                 "(num_gpus < 1, e.g. 0.5; verl's max_colocate_count > 1), and NCCL refuses two ranks of one "
+                 "communicator on one GPU. ")
     if sets and len(sets) == 1 and len(sets[0]) > 2:
         return base + ("Every rank named is on the same GPU: most often torch.cuda.set_device was not called "
                        "(every rank stays on cuda:0), or every rank was given the same CUDA_VISIBLE_DEVICES.")
+    pairs = sum(len(s) - 1 for s in sets)
     strides = {b - a for s in sets for a, b in zip(s, s[1:])}
-    if sets and len(strides) == 1 and next(iter(strides)) > 1:
+    if pairs >= 2 and len(strides) == 1 and next(iter(strides)) > 1:
         g = next(iter(strides))
         return base + (f"The ranks sharing a GPU differ by {g}: the pattern of device = rank % {g}, i.e. more "
                        f"processes per node than its {g} GPU(s) (nproc_per_node larger than the GPU count).")
+    if pairs == 1:
+        base += "One pair shows no pattern, so the log alone cannot tell which mistake placed them. "
+    if ray:
+        return base + "Otherwise: the same CUDA_VISIBLE_DEVICES for every actor, or a device chosen by hand."
     return base + ("Common causes: a missing torch.cuda.set_device(local_rank); more processes per node than "
                    "GPUs; Ray actors given fractional GPUs (num_gpus < 1, verl max_colocate_count > 1); the same "
                    "CUDA_VISIBLE_DEVICES for every rank.")
+
+
+def _one_gpu_here(host: Host, group: Group) -> str:
+    """The fix when the log was written on this host and it shows one GPU: there is no second GPU to move to."""
+    if not host.match_local:
+        return ""
+    hosts = {on for on, _ in group.facts.get("dup_ranks", {})}
+    local = host.log_is_local or (hosts and hosts <= {host.name()})
+    devices = host.devices() if local else None
+    if not devices or len(devices) != 1:
+        return ""
+    return ("This host shows 1 GPU, so two ranks on it cannot each have their own: torch.cuda.set_device(local_rank) "
+            "would make local rank 1 ask for cuda:1, which does not exist here. Start one GPU process per GPU "
+            "(torchrun --nproc_per_node=1 on this host, one num_gpus=1 actor per GPU in Ray) and add GPUs or hosts for "
+            "more ranks; with NCCL 2.30 or later, NCCL_MULTI_RANK_GPU_ENABLE=1 lets ranks share the GPU on purpose "
+            "(slower, and only if that is what you want).")
 
 
 def _where(host: Host, on: str, bus: str) -> str:

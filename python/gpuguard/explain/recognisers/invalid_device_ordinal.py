@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from ..lines import strip_prefixes
@@ -11,9 +12,22 @@ from ..recogniser import Groups, Host, Line, Recogniser
 # CUDA's error string for cudaErrorInvalidDevice / CUDA_ERROR_INVALID_DEVICE, as torch prints it through
 # c10/cuda/CUDAException.h: "CUDA error: invalid device ordinal", followed since torch 2.6 by
 # c10/cuda/CUDAMiscFunctions.cpp's hint "GPU device may be out of range, do you have enough GPUs?".
-_INVALID_ORDINAL = re.compile(r"(?:(?P<api>CUDA|HIP) error: )?invalid device ordinal")
-# A preceding line of the same process that shows how the device was chosen (kept as evidence).
-_CONTEXT_HINTS = re.compile(r"set_device\(|\.to\(|\.cuda\(|device\s*=|cuda:\d+|LOCAL_RANK|local_rank|\brank\b")
+# (The pattern starts with its literal, so a search jumps from one occurrence to the next: linear in the line.)
+_INVALID_ORDINAL = re.compile(r"invalid device ordinal")
+# A preceding line of the same process that shows how the device was chosen (kept as evidence): the nearest
+# CONTEXT_LOOKBACK lines, the head of each (a traceback's source line is short).
+_CONTEXT_WORDS = ("set_device(", ".to(", ".cuda(", "cuda:", "LOCAL_RANK", "local_rank")
+_CONTEXT_PATTERNS = re.compile(r"device\s{0,8}=|\brank\b")
+CONTEXT_LOOKBACK = 16
+CONTEXT_HEAD = 512
+
+
+def _shows_device_choice(text: str) -> bool:
+    head = text[:CONTEXT_HEAD]
+    if "invalid device ordinal" in head:
+        return False
+    return any(w in head for w in _CONTEXT_WORDS) or (
+        ("device" in head or "rank" in head) and _CONTEXT_PATTERNS.search(head) is not None)
 
 
 class InvalidDeviceOrdinal(Recogniser):
@@ -35,8 +49,8 @@ class InvalidDeviceOrdinal(Recogniser):
         group.source(origin)
         if origin.local_rank is not None and len(group.facts.setdefault("local_ranks", set())) < MAX_RANKS:
             group.facts["local_ranks"].add(origin.local_rank)
-        for ctx_line, ctx_text in reversed(line.context):
-            if _CONTEXT_HINTS.search(ctx_text) and "invalid device ordinal" not in ctx_text:
+        for ctx_line, ctx_text in itertools.islice(reversed(line.context), CONTEXT_LOOKBACK):
+            if _shows_device_choice(ctx_text):
                 ctx_body, ctx_origin = strip_prefixes(ctx_text)
                 if ctx_origin.key() == origin.key():
                     group.evidence_line(ctx_line, ctx_body.strip())

@@ -13,16 +13,18 @@ from ..recogniser import Groups, Host, Line, Recogniser
 #   NumelIn=1, NumelOut=1, Timeout(ms)=600000)" + " ran for 600017 milliseconds before timing out."
 # logPrefix() is "[Rank 3] ", "[PG 0 Rank 3] " or "[PG ID 0 PG GUID 0(default_pg) Rank 3] " by version;
 # releases before 2.2 print "WorkNCCL(SeqNum=1, OpType=..., TensorShape=[...], Timeout(ms)=...)".
+# Every repetition is bounded and the op name cannot run into what follows it, so a match costs time linear in
+# the line however long (a 16 KB line of letters after "OpType=" took minutes with unbounded repeats).
 _WATCHDOG = re.compile(
-    r"(?:Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: WorkNCCL\("
-    r"(?:SeqNum=(?P<seq>\d+), )?OpType=(?P<op>\w+)(?P<rest>(?:[^()]|\(ms\))*)\)"
-    r"(?: ran for (?P<ran>\d+) milliseconds before timing out)?")
-_TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(?P<ms>\d+)")
+    r"(?:Rank (?P<rank>\d{1,9})\] )?Watchdog caught collective operation timeout: WorkNCCL\("
+    r"(?:SeqNum=(?P<seq>\d{1,19}), )?OpType=(?P<op>\w{1,64}?)(?P<rest>(?:,(?:[^()]|\(ms\)){0,1024})?)\)"
+    r"(?: ran for (?P<ran>\d{1,19}) milliseconds before timing out)?")
+_TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(?P<ms>\d{1,19})")
 # Same file, watchdog loop: logPrefix() + "Timeout at NCCL work: 1, last enqueued NCCL work: 1, last completed
 # NCCL work: -1."
 _TIMEOUT_AT = re.compile(
-    r"(?:Rank (?P<rank>\d+)\] )?Timeout at NCCL work: (?P<seq>\d+), last enqueued NCCL work: (?P<enq>-?\d+), "
-    r"last completed NCCL work: (?P<done>-?\d+)")
+    r"(?:Rank (?P<rank>\d{1,9})\] )?Timeout at NCCL work: (?P<seq>\d{1,19}), last enqueued NCCL work: "
+    r"(?P<enq>-?\d{1,19}), last completed NCCL work: (?P<done>-?\d{1,19})")
 
 HANG = "nccl_first_collective_hang"
 TIMEOUT = "nccl_timeout"

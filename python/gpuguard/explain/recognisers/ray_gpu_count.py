@@ -13,7 +13,8 @@ from ..recogniser import Groups, Host, Line, Recogniser
 # Ray before 2.10 (ray/_private/services.py / parameter.py): "Attempting to start raylet with {} GPUs, but
 # CUDA_VISIBLE_DEVICES contains {}."
 _RAY_GPUS = re.compile(
-    r"Attempting to start raylet with (?P<n>[\d.]+) (?P<res>\w+?)s?, but (?P<env>\w+) contains (?P<ids>\[[^\]]*\])")
+    r"Attempting to start raylet with (?P<n>[\d.]{1,32}) (?P<res>\w{1,64}?)s?, but (?P<env>\w{1,128}) contains "
+    r"(?P<ids>\[[^\]]{0,4096}\])")
 _QUOTED = re.compile(r"'([^']*)'")
 
 

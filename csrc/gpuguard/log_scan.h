@@ -1,0 +1,105 @@
+// The log reader under `gpuguard explain`: splits a byte stream into lines and keeps only the few that matter.
+//
+// A log of a large job is gigabytes, nearly all of it lines no recogniser wants. LogScanner reads the bytes as
+// they come (any chunking), ends lines at '\n', '\r\n' or a lone '\r' (as a terminal does), cuts every line at
+// max_line_bytes (the rest of an overlong line is skipped without being kept), and tests each line for the
+// recognisers' keywords with one multi-keyword search (Wu-Manber over byte pairs: every byte is looked at a
+// bounded number of times, so the whole scan is linear in the input). It hands out only
+//   - the lines that hold a keyword ("hits"),
+//   - the line right after each hit (a message a terminal wrapped continues there),
+//   - the up to context_lines lines before each hit (the traceback that led to it),
+// each at most once and in input order, so what it hands out never exceeds what it read. Memory is bounded by
+// the limits, whatever the size or shape of the input: no Python, no torch, only the standard library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace gpuguard {
+
+struct LogScanLimits {
+  std::size_t max_line_bytes = 16 * 1024;   // longer lines are cut; their rest is skipped
+  std::size_t context_lines = 64;           // lines before a hit handed out with it
+  std::size_t context_line_bytes = 1024;    // each such line cut here
+};
+
+// One line handed out: its 1-based number in the input, whether it holds a keyword, its bytes (cut), and which
+// keywords it holds (bit i: keyword i), so that Python offers it only to the recognisers those keywords belong to.
+struct ScannedLine {
+  std::uint64_t number = 0;
+  bool hit = false;
+  std::string text;
+  std::uint64_t keywords = 0;
+};
+
+// The multi-keyword search, on its own: the first keyword occurrence in a text, in time linear in the text.
+class KeywordSearch {
+ public:
+  // Keywords are byte strings of at least kMinKeywordBytes (shorter ones make the skip useless), at most
+  // kMaxKeywords of them.
+  static constexpr std::size_t kMinKeywordBytes = 4;
+  explicit KeywordSearch(std::vector<std::string> keywords);
+  static constexpr std::size_t kMaxKeywords = 64;   // one bit each in ScannedLine::keywords
+  // Offset of the first occurrence of any keyword, or npos.
+  std::size_t find(std::string_view text) const;
+  // Which keywords occur in text (bit i: keyword i), in one pass.
+  std::uint64_t present(std::string_view text) const;
+  const std::vector<std::string>& keywords() const { return keywords_; }
+
+ private:
+  std::vector<std::string> keywords_;
+  std::size_t window_ = 0;                          // the shortest keyword's length
+  std::vector<std::uint8_t> shift_;                 // per byte pair: how far the window may move
+  std::vector<std::uint16_t> ends_slot_;           // per byte pair: 1 + its index in ends_, 0 if it ends no window
+  std::vector<std::vector<std::uint16_t>> ends_;    // the keywords to verify where a window ends in that pair
+};
+
+class LogScanner {
+ public:
+  // Throws std::invalid_argument for a keyword that is too short or a zero limit.
+  LogScanner(std::vector<std::string> keywords, LogScanLimits limits = {});
+
+  // Reads the next bytes of the stream; lines it completes are judged at once.
+  void feed(std::string_view bytes);
+  // The stream ended: a last line without a terminator is judged too.
+  void finish();
+  // The lines handed out since the last take(), in input order.
+  std::vector<ScannedLine> take();
+
+  std::uint64_t lines() const { return lines_; }
+  std::uint64_t hits() const { return hits_; }
+  const LogScanLimits& limits() const { return limits_; }
+
+ private:
+  struct Recent {                 // one of the last context_lines lines, for context before a hit
+    std::uint64_t number = 0;
+    std::string text;             // cut at context_line_bytes
+  };
+
+  void line(std::string_view text);   // one complete line, already cut at max_line_bytes
+  void region(const char* data, std::size_t size);   // whole lines, judged with one search across them
+  void remember(std::uint64_t number, std::string_view text);
+  // Hands out the lines before hit `number` not handed out yet: `here` (newest first), then older remembered.
+  void context_before(std::uint64_t number, std::vector<std::pair<std::uint64_t, std::string_view>> here);
+  void emit(std::uint64_t number, bool hit, std::string_view text);
+  void emit_hit(std::uint64_t number, std::string_view text);
+
+  KeywordSearch search_;
+  LogScanLimits limits_;
+  std::uint64_t lines_ = 0;
+  std::uint64_t hits_ = 0;
+  std::uint64_t emitted_through_ = 0;   // the last line number handed out
+  bool emit_next_ = false;              // the line after a hit is handed out too
+  std::string partial_;                 // head of a line still waiting for its end (cut at max_line_bytes)
+  bool partial_open_ = false;
+  bool after_cr_ = false;               // the last byte fed was a '\r': a '\n' next belongs to it
+  std::deque<Recent> recent_;           // the last context_lines lines before the current read
+  std::vector<ScannedLine> out_;
+};
+
+}  // namespace gpuguard

@@ -1,0 +1,182 @@
+// gpuguard._scan: the C++ log reader (gpuguard/log_scan.h) for Python, through the bare CPython API.
+//
+// It links neither torch nor pybind11 on purpose: `gpuguard explain` must start in a fraction of a second on a
+// login node, without the ~1 GB and ~2 s that importing torch (and the torch-linked gpuguard._C) costs.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpuguard/log_scan.h"
+
+namespace {
+
+struct ScannerObject {
+  PyObject_HEAD
+  gpuguard::LogScanner* scanner;
+};
+
+PyObject* lines_to_list(std::vector<gpuguard::ScannedLine> lines) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(lines.size()));
+  if (list == nullptr) return nullptr;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto& l = lines[i];
+    PyObject* item = Py_BuildValue("(KOy#K)", static_cast<unsigned long long>(l.number), l.hit ? Py_True : Py_False,
+                                   l.text.data(), static_cast<Py_ssize_t>(l.text.size()),
+                                   static_cast<unsigned long long>(l.keywords));
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
+}
+
+int scanner_init(ScannerObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"keywords", "max_line_bytes", "context_lines", "context_line_bytes", nullptr};
+  PyObject* keywords = nullptr;
+  gpuguard::LogScanLimits limits;
+  Py_ssize_t max_line = static_cast<Py_ssize_t>(limits.max_line_bytes);
+  Py_ssize_t context_lines = static_cast<Py_ssize_t>(limits.context_lines);
+  Py_ssize_t context_bytes = static_cast<Py_ssize_t>(limits.context_line_bytes);
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|nnn", const_cast<char**>(names), &keywords, &max_line,
+                                   &context_lines, &context_bytes))
+    return -1;
+  if (max_line <= 0 || context_lines < 0 || context_bytes <= 0) {
+    PyErr_SetString(PyExc_ValueError, "Scanner: max_line_bytes and context_line_bytes must be positive, "
+                                      "context_lines not negative");
+    return -1;
+  }
+  PyObject* seq = PySequence_Fast(keywords, "Scanner: keywords must be a sequence of bytes");
+  if (seq == nullptr) return -1;
+  std::vector<std::string> words;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyBytes_Check(item)) {
+      Py_DECREF(seq);
+      PyErr_SetString(PyExc_TypeError, "Scanner: every keyword must be bytes (UTF-8)");
+      return -1;
+    }
+    words.emplace_back(PyBytes_AS_STRING(item), static_cast<std::size_t>(PyBytes_GET_SIZE(item)));
+  }
+  Py_DECREF(seq);
+  limits.max_line_bytes = static_cast<std::size_t>(max_line);
+  limits.context_lines = static_cast<std::size_t>(context_lines);
+  limits.context_line_bytes = static_cast<std::size_t>(context_bytes);
+  try {
+    delete self->scanner;
+    self->scanner = new gpuguard::LogScanner(std::move(words), limits);
+  } catch (const std::invalid_argument& e) {
+    self->scanner = nullptr;
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return -1;
+  } catch (const std::bad_alloc&) {
+    self->scanner = nullptr;
+    PyErr_NoMemory();
+    return -1;
+  }
+  return 0;
+}
+
+void scanner_dealloc(ScannerObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  delete self->scanner;
+  type->tp_free(reinterpret_cast<PyObject*>(self));
+  Py_DECREF(type);  // a heap type is owned by its instances
+}
+
+bool ready(ScannerObject* self) {
+  if (self->scanner != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "Scanner was not initialised");
+  return false;
+}
+
+PyObject* scanner_feed(ScannerObject* self, PyObject* arg) {
+  if (!ready(self)) return nullptr;
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) != 0) return nullptr;
+  std::vector<gpuguard::ScannedLine> out;
+  bool oom = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    self->scanner->feed(std::string_view(static_cast<const char*>(view.buf), static_cast<std::size_t>(view.len)));
+    out = self->scanner->take();
+  } catch (const std::bad_alloc&) {
+    oom = true;
+  }
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&view);
+  if (oom) return PyErr_NoMemory();
+  return lines_to_list(std::move(out));
+}
+
+PyObject* scanner_finish(ScannerObject* self, PyObject*) {
+  if (!ready(self)) return nullptr;
+  self->scanner->finish();
+  return lines_to_list(self->scanner->take());
+}
+
+PyObject* scanner_lines(ScannerObject* self, void*) {
+  if (!ready(self)) return nullptr;
+  return PyLong_FromUnsignedLongLong(self->scanner->lines());
+}
+
+PyObject* scanner_hits(ScannerObject* self, void*) {
+  if (!ready(self)) return nullptr;
+  return PyLong_FromUnsignedLongLong(self->scanner->hits());
+}
+
+PyMethodDef scanner_methods[] = {
+    {"feed", reinterpret_cast<PyCFunction>(scanner_feed), METH_O,
+     "feed(data) -> [(line_number, is_hit, bytes, keywords)]: the lines handed out from the next bytes of the "
+     "stream; keywords has bit i set when keyword i is in a hit"},
+    {"finish", reinterpret_cast<PyCFunction>(scanner_finish), METH_NOARGS,
+     "finish() -> [(line_number, is_hit, bytes, keywords)]: the stream ended; judges a last unterminated line"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef scanner_getset[] = {
+    {"lines", reinterpret_cast<getter>(scanner_lines), nullptr, "lines read so far", nullptr},
+    {"hits", reinterpret_cast<getter>(scanner_hits), nullptr, "lines that held a keyword so far", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+const char kScannerDoc[] =
+    "Scanner(keywords, max_line_bytes=16384, context_lines=64, context_line_bytes=1024): splits a byte stream into "
+    "lines and hands out those holding a keyword, the line after each and the lines before each.";
+
+PyType_Slot scanner_slots[] = {
+    {Py_tp_doc, const_cast<char*>(kScannerDoc)},
+    {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
+    {Py_tp_init, reinterpret_cast<void*>(scanner_init)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(scanner_dealloc)},
+    {Py_tp_methods, scanner_methods},
+    {Py_tp_getset, scanner_getset},
+    {0, nullptr}};
+
+PyType_Spec scanner_spec = {"gpuguard._scan.Scanner", sizeof(ScannerObject), 0, Py_TPFLAGS_DEFAULT, scanner_slots};
+
+PyModuleDef scan_module = {PyModuleDef_HEAD_INIT, "_scan",
+                           "The C++ log reader under gpuguard explain (no torch): lines, keyword pre-filter, context.",
+                           -1, nullptr, nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__scan(void) {
+  PyObject* module = PyModule_Create(&scan_module);
+  if (module == nullptr) return nullptr;
+  PyObject* type = PyType_FromSpec(&scanner_spec);
+  if (type == nullptr || PyModule_AddObject(module, "Scanner", type) < 0) {
+    Py_XDECREF(type);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  if (PyModule_AddIntConstant(module, "MIN_KEYWORD_BYTES",
+                              static_cast<long>(gpuguard::KeywordSearch::kMinKeywordBytes)) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

@@ -1,0 +1,92 @@
+"""torchrun's own failure summary: which global ranks failed on which hosts, their local ranks and exit codes."""
+
+from __future__ import annotations
+
+import re
+
+from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
+from ..recogniser import Groups, Host, Line, Recogniser
+
+# torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg / _format_failure):
+#   [1]:
+#     time      : 2024-10-09_21:16:02
+#     host      : ault44.cscs.ch
+#     rank      : 5 (local_rank: 5)
+#     exitcode  : 2 (pid: 1006194)
+#     error_file: <N/A>
+#     traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+# under "Failures:" and "Root Cause (first observed failure):".
+_RANK = re.compile(r"^\s{0,8}rank\s{0,16}: (?P<rank>\d{1,9}) \(local_rank: (?P<local>\d{1,9})\)")
+_HOST = re.compile(r"^\s{0,8}host\s{0,16}: (?P<host>\S{1,255})")
+_EXIT = re.compile(r"^\s{0,8}exitcode\s{0,8}: (?P<code>-?\d{1,9}) \(pid: (?P<pid>\d{1,10})\)(?:\s{0,8}\((?P<sig>SIG\w{1,16})\))?")
+
+KIND = "torchrun_failures"
+
+
+class TorchrunSummary(Recogniser):
+    """The ranks torchrun reports as failed, with hosts and local ranks: who failed, and how many per node."""
+
+    kinds = (KIND,)
+    keywords = ("(local_rank: ", "exitcode  : ")
+    patterns = (_RANK, _EXIT)
+    help = "torchrun's failure summary (ranks, hosts, exit codes)"
+
+    def read(self, line: Line, groups: Groups) -> bool:
+        m = _RANK.search(line.body)
+        if m:
+            group = groups(KIND)
+            rank, local = int(m.group("rank")), int(m.group("local"))
+            host = None
+            for _, text in list(line.context)[-3:]:
+                h = _HOST.search(text.split("]:", 1)[-1] if text.startswith("[") else text)
+                if h:
+                    host = h.group("host")
+            group.add(line.number, line.body.strip(), ranks=(rank,))
+            failures: dict[int, dict] = group.facts.setdefault("failures", {})
+            if rank in failures or len(failures) < MAX_RANKS:
+                failures[rank] = {"local": local, "host": host}
+            return True
+        m = _EXIT.search(line.body)
+        if m:
+            # its rank is on the line above (read first, so its group exists); an exitcode line alone is no finding
+            above = [_RANK.search(text.split("]:", 1)[-1]) for _, text in list(line.context)[-2:]]
+            rank_line = next((r for r in reversed(above) if r), None)
+            if rank_line is None:
+                return False
+            failure = groups(KIND).facts.get("failures", {}).get(int(rank_line.group("rank")))
+            if failure is not None:
+                failure["exit"] = int(m.group("code"))
+                failure["signal"] = m.group("sig")
+            return True
+        return False
+
+    def build(self, kind: str, group: Group, host: Host) -> Diagnosis:
+        failures: dict[int, dict] = group.facts.get("failures", {})
+        own = sorted(r for r, f in failures.items() if f.get("signal") not in ("SIGTERM", "SIGKILL"))
+        stopped = sorted(r for r in failures if r not in own)
+        per_host: dict[str, set[int]] = {}
+        for r, f in failures.items():
+            per_host.setdefault(f.get("host") or "?", set()).add(f["local"])
+        hosts = []
+        for name, locals_ in sorted(per_host.items()):
+            hosts.append(f"{name}: local ranks {min(locals_)}-{max(locals_)}" if len(locals_) > 1
+                         else f"{name}: local rank {min(locals_)}")
+        summary = (f"torchrun reports {ranks_phrase(failures)} failed" +
+                   (f" ({ranks_phrase(stopped)} only stopped by torchrun after the others failed)" if stopped and own
+                    else "") + ".")
+        # global rank - local rank is the first global rank of that rank's node; two nodes' offsets give the
+        # processes per node
+        bases = sorted({r - f["local"] for r, f in failures.items()})
+        cause = ("Global ranks count across nodes; the local rank (LOCAL_RANK) counts within one node and is the one "
+                 "that selects a GPU.")
+        if len(bases) > 1:
+            step = bases[1] - bases[0]
+            cause += (f" Node offsets {', '.join(map(str, bases[:4]))} (global rank - local rank) point to {step} "
+                      f"processes per node, if no node lies between them.")
+        elif len(per_host) == 1 and len(failures) > 1:
+            n = max(f["local"] for f in failures.values()) + 1
+            cause += f" All on one host, local ranks up to {n - 1}: at least {n} processes on that node."
+        fix = ("Read the first failure's own traceback above this summary (the root cause is printed last, "
+               "under 'Root Cause'); exit code -15 (SIGTERM) marks ranks torchrun stopped because another failed.")
+        return Diagnosis(kind, summary, tuple(sorted(failures)), tuple(hosts), cause, fix, group.sorted_evidence(),
+                         group.occurrences)

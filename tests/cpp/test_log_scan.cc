@@ -1,0 +1,72 @@
+// explain's log reader: line ends of every kind, cut lines, context handed out once, any split of the bytes.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpuguard/log_scan.h"
+
+using gpuguard::KeywordSearch;
+using gpuguard::LogScanLimits;
+using gpuguard::LogScanner;
+using gpuguard::ScannedLine;
+
+namespace {
+
+std::vector<ScannedLine> scan(const std::string& log, std::size_t piece, LogScanLimits limits = {}) {
+  LogScanner scanner({"Duplicate GPU detected", "invalid device ordinal"}, limits);
+  std::vector<ScannedLine> out;
+  for (std::size_t at = 0; at < log.size(); at += piece) {
+    scanner.feed(std::string_view(log).substr(at, piece));
+    for (auto& l : scanner.take()) out.push_back(l);
+  }
+  scanner.finish();
+  for (auto& l : scanner.take()) out.push_back(l);
+  return out;
+}
+
+std::string describe(const std::vector<ScannedLine>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += std::to_string(l.number) + (l.hit ? "*" : " ") + l.text + "|";
+  return s;
+}
+
+}  // namespace
+
+TEST(KeywordSearch, FindsTheFirstOccurrenceOfAnyKeyword) {
+  KeywordSearch search({"invalid device ordinal", "Duplicate GPU"});
+  EXPECT_EQ(search.find("xx Duplicate GPU yy invalid device ordinal"), 3u);
+  EXPECT_EQ(search.find("invalid device ordina"), std::string_view::npos);
+  EXPECT_EQ(search.find(""), std::string_view::npos);
+  EXPECT_THROW(KeywordSearch({"ab"}), std::invalid_argument);
+}
+
+TEST(LogScanner, EveryLineEndCountsOnceAndHitsComeWithTheirNeighbours) {
+  const std::string log = "a\r\nb\rc\nDuplicate GPU detected : rank 1\r\nafter\nlast invalid device ordinal";
+  for (std::size_t piece : {1u, 2u, 3u, 7u, 1000u}) {
+    auto out = scan(log, piece);
+    EXPECT_EQ(describe(out), "1 a|2 b|3 c|4*Duplicate GPU detected : rank 1|5 after|6*last invalid device ordinal|")
+        << "piece " << piece;
+  }
+}
+
+TEST(LogScanner, ContextIsCappedAndHandedOutOnce) {
+  LogScanLimits limits;
+  limits.context_lines = 2;
+  limits.context_line_bytes = 3;
+  auto out = scan("one\ntwo\nthree\ninvalid device ordinal\nfour\ninvalid device ordinal\n", 5, limits);
+  EXPECT_EQ(describe(out), "2 two|3 thr|4*invalid device ordinal|5 four|6*invalid device ordinal|");
+}
+
+TEST(LogScanner, AnOverlongLineIsCutAndItsRestNeverKept) {
+  LogScanLimits limits;
+  limits.max_line_bytes = 30;
+  std::string log = "invalid device ordinal" + std::string(1 << 20, 'x') + "\nnext\n";
+  auto out = scan(log, 4096, limits);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].text, "invalid device ordinal" + std::string(8, 'x'));
+  EXPECT_EQ(out[1].text, "next");
+  // a keyword beyond the cut does not make a hit
+  EXPECT_TRUE(scan(std::string(40, 'y') + "invalid device ordinal\n", 7, limits).empty());
+}
