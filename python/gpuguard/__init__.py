@@ -27,6 +27,7 @@ from .explain import Diagnosis, Evidence, explain, explain_file
 from .binding.launchers import LaunchContext, detect as detect_launcher
 from .tensor_devices import GuardHandle, assert_same_device, guard, same_device
 from .ray import PlacementReport, RayPlacement, ray_placement
+from .watchdog import Watch, watch
 
 from ._version import __version__
 
@@ -53,6 +54,7 @@ __all__ = [
     "RayRendezvousError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
+    "Watch",
     "__version__",
     "assert_same_device",
     "bind",
@@ -66,4 +68,5 @@ __all__ = [
     "init_process_group",
     "ray_placement",
     "same_device",
+    "watch",
 ]
