@@ -2,7 +2,8 @@
 
 Rank 2 misbehaves before the 5th all-reduce: it sleeps in Python (behind_python), sleeps in a C call that holds
 the GIL (behind_gil), stops itself (stopped), dies (killed), calls broadcast instead (desync); `nccl_hang`
-runs every rank's 5th all-reduce through the fake NCCL, which hangs it (h100x4_broken_p2p); `healthy` runs
+runs every rank's 5th all-reduce through the fake NCCL, which hangs it (h100x4_broken_p2p); `killed` has ranks 0, 1, 3 wait for it in an all-reduce through the fake NCCL (gloo would name the dead peer
+itself, NCCL does not); `healthy` runs
 argv[3] steps and must never report.
 """
 
@@ -53,6 +54,10 @@ if scenario == "healthy":
     sys.exit(0)
 
 for i in range(1, 8):
+    if i == 5 and scenario == "killed" and rank != 2:  # NCCL, unlike gloo, does not notice a dead peer
+        mark(f"stall_start.{rank}")
+        nccl_all_reduce()
+        continue
     if i == 5 and scenario == "nccl_hang":
         mark(f"stall_start.{rank}")
         nccl_all_reduce()
@@ -70,7 +75,7 @@ for i in range(1, 8):
         elif scenario == "desync":
             dist.broadcast(t, src=0)  # where the others all-reduce
             continue
-    dist.all_reduce(t)
+    dist.all_reduce(t)  # the all-reduce of the scenarios
 print(f"rank {rank}: done", flush=True)
 w.stop()
 dist.destroy_process_group()
