@@ -23,15 +23,22 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "reduce", "gather",
                "scatter", "monitored_barrier")
 
-#: enter(function name, group, first argument, call site) -> token; leave(token)
+#: enter(OP_NAME, group, first argument, call site) -> token; leave(token)
 Enter = Callable[[str, Any, Any, str], Any]
 Leave = Callable[[Any], None]
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def describe_sizes(first: Any) -> str:
     """'float32[4]' for a tensor, 'list[4] of float32[4]' for a list of tensors; '' otherwise."""
     if isinstance(first, torch.Tensor):
-        return f"{str(first.dtype)[6:]}[{first.numel()}]"
+        dtype = first.dtype
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        return f"{name}[{first.numel()}]"
     if isinstance(first, (list, tuple)) and first and isinstance(first[0], torch.Tensor):
         return f"list[{len(first)}] of {describe_sizes(first[0])}"
     return ""
@@ -41,6 +48,7 @@ def _wrap(name: str, original: Callable[..., Any], enter: Enter, leave: Leave) -
     params = list(inspect.signature(original).parameters)
     group_at = params.index("group") if "group" in params else None
     takes_tensor = bool(params) and params[0] not in ("group",)
+    op = name.upper()
 
     @functools.wraps(original)
     def tracked(*args: Any, **kwargs: Any) -> Any:
@@ -50,7 +58,7 @@ def _wrap(name: str, original: Callable[..., Any], enter: Enter, leave: Leave) -
             group = args[group_at] if group_at is not None and len(args) > group_at else None
         first = (args[0] if args else kwargs.get(params[0])) if takes_tensor else None
         caller = sys._getframe(1)
-        token = enter(name, group, first, f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        token = enter(op, group, first, f"{caller.f_code.co_filename}:{caller.f_lineno}")
         try:
             return original(*args, **kwargs)
         finally:

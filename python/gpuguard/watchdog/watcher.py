@@ -121,7 +121,7 @@ class Watch:
                 print(f"gpuguard.watch: rank {dist.get_rank()}: not watching: {exc}", file=sys.stderr)
         return self._dog
 
-    def _enter(self, name: str, group: Any, first: Any, site: str,
+    def _enter(self, op: str, group: Any, first: Any, site: str,
                sizes: Optional[str] = None) -> Optional[tuple[_C.Watchdog, int]]:
         dog = self._dog or self._watchdog()
         if dog is None:
@@ -130,7 +130,7 @@ class Watch:
         if index is None:
             _, gname, desc, ranks = group_identity(group)
             index = self._groups[group] = dog.add_group(gname, desc, ranks)
-        dog.enter(index, name.upper(), describe_sizes(first) if sizes is None else sizes, site)
+        dog.enter(index, op, describe_sizes(first) if sizes is None else sizes, site)
         return dog, index
 
     @staticmethod
@@ -145,7 +145,7 @@ class Watch:
         """Marks a collective torch.distributed does not see (NCCL called directly, e.g. a PyNccl communicator)
         so that the watchdog tracks it like the wrapped ones: ``with w.collective("all_reduce"): ...``."""
         caller = sys._getframe(2)
-        token = self._enter(op, group, None, f"{caller.f_code.co_filename}:{caller.f_lineno}", sizes)
+        token = self._enter(op.upper(), group, None, f"{caller.f_code.co_filename}:{caller.f_lineno}", sizes)
         try:
             yield
         finally:
