@@ -163,6 +163,16 @@ def test_rank_behind_blocked_in_c_holding_the_gil_is_named_with_its_stack(fake_g
 
 
 @pytest.mark.slow
+def test_on_stall_raise_ends_every_rank_with_the_report_and_exit_code_75(fake_gpus, tmp_path):
+    job = Job("behind_python", tmp_path, fake_gpus.env("h100x4", ON_STALL="raise"))
+    output = job.end(timeout=150)
+    assert rank_reports(output, 0), output[-4000:]
+    assert "[rank 0] gpuguard: on_stall='raise': ending this process with exit code 75" in output
+    assert "exitcode: 75" in output and job.procs[0].returncode != 0
+    assert "rank 2: done" not in output
+
+
+@pytest.mark.slow
 def test_desync_names_both_collectives(fake_gpus, tmp_path):
     job = Job("desync", tmp_path, fake_gpus.env("h100x4"))
     job.wait_for_reports({0, 1, 2, 3})
@@ -221,6 +231,32 @@ def test_healthy_loop_never_reports(fake_gpus, tmp_path):
     for rank in range(4):
         assert f"rank {rank}: healthy done" in output and ", 0 reports" in output
     assert not job.reports()
+
+
+WATCH_ONE_RANK = """
+import datetime, json, torch, torch.distributed as dist, gpuguard
+from gpuguard.watchdog import watcher
+server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+binding = gpuguard.bind(watch=True)
+started_before_init = watcher._active is not None and watcher._active._dog is None
+dist.init_process_group("gloo", store=server, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+dist.all_reduce(torch.ones(2))
+w = watcher._active
+print(json.dumps({"lazy": started_before_init, "threshold": w.stall_threshold_s, "ops": w.store_ops,
+                  "wrapped": dist.all_reduce is not w._wrapped._saved[0][2]}))
+w.stop()
+print(json.dumps({"restored": not hasattr(dist.all_reduce, "__gpuguard_original__")}))
+"""
+
+
+def test_bind_watch_starts_at_the_first_collective_with_the_adaptive_floor_and_stop_restores(fake_gpus):
+    proc = subprocess.run([sys.executable, "-c", WATCH_ONE_RANK], env=scrubbed(fake_gpus.env("h100x1")),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert first["lazy"] and first["wrapped"] and first["ops"] >= 1, first  # the hello record at least
+    assert first["threshold"] == 60.0  # adaptive: nothing seen yet, so the floor
+    assert second == {"restored": True}
 
 
 def test_arguments_are_checked():

@@ -23,7 +23,7 @@ scenario, stall_after = sys.argv[1], float(sys.argv[2])
 out = os.environ["WATCH_DIR"]
 dist.init_process_group("gloo", timeout=timedelta(seconds=300))
 rank = dist.get_rank()
-w = gpuguard.watch(stall_after=stall_after, report_dir=out, gather=3)
+w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out, gather=3)
 hold = stall_after + 25  # long enough for the report, then the job goes on and ends on its own
 t = torch.ones(4)
 
