@@ -179,6 +179,8 @@ void Watchdog::tick() {
   auto& store = *store_->store;
   std::string alarm_key = key("alarm/" + std::to_string(epoch_));
   store_ops_ += 1;
+  bool composer = false;
+  std::string alarm;
   if (!store.check({alarm_key})) {
     std::string mine;
     {
@@ -194,12 +196,15 @@ void Watchdog::tick() {
     if (mine.empty()) return;
     store_ops_ += 1;
     auto got = text(store.compareSet(alarm_key, {}, bytes(mine)));
-    handle_alarm(epoch_, got == mine, got);
+    composer = got == mine;
+    alarm = got;
   } else {
     store_ops_ += 1;
-    handle_alarm(epoch_, false, text(store.get(alarm_key)));
+    alarm = text(store.get(alarm_key));
   }
-  epoch_ += 1;
+  // An alarm is handled once, even when the store fails halfway: the next tick looks at the next epoch.
+  std::uint64_t epoch = epoch_++;
+  handle_alarm(epoch, composer, alarm);
 }
 
 void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::string& alarm) {
@@ -240,9 +245,20 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     }
     std::vector<std::string> keys;
     for (std::int64_t i = 0; i < arrived; ++i) keys.push_back(key(e + "state/" + std::to_string(i)));
-    store_ops_ += 2;
-    store.wait(keys, std::chrono::milliseconds(10000));
-    auto values = store.multiGet(keys);
+    std::vector<std::vector<std::uint8_t>> values;
+    try {  // a rank counted itself in and publishes its state the next moment
+      store_ops_ += 2;
+      store.wait(keys, std::chrono::milliseconds(5000));
+      values = store.multiGet(keys);
+    } catch (const std::exception&) {  // ... unless it died in between: read the states that are there
+      values.clear();
+      for (const auto& k : keys) {
+        store_ops_ += 1;
+        if (!store.check({k})) continue;
+        store_ops_ += 1;
+        values.push_back(store.get(k));
+      }
+    }
     std::vector<std::optional<RankState>> states(subject.ranks.size()), hellos(subject.ranks.size());
     for (const auto& v : values) {
       auto st = decode_state(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()));
@@ -262,7 +278,9 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     std::string my_host = options_.host;
     double gather_s = options_.gather_s;
     auto report = compose_stall_report(subject, states, hellos, [&](const RankState& hello) -> std::string {
-      if (hello.pid == 0) return "it never started gpuguard.watch(), or died before it did";
+      if (hello.pid == 0)
+        return "its watchdog never started (gpuguard.watch() starts it at once when the process group exists, "
+               "else at the rank's first collective): it reached no collective yet, or died";
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.0f", gather_s);
       if (hello.host == my_host) {

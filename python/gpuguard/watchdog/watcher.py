@@ -126,11 +126,14 @@ class Watch:
         dog = self._dog or self._watchdog()
         if dog is None:
             return None
-        index = self._groups.get(group)
-        if index is None:
-            _, gname, desc, ranks = group_identity(group)
-            index = self._groups[group] = dog.add_group(gname, desc, ranks)
-        dog.enter(index, op, describe_sizes(first) if sizes is None else sizes, site)
+        try:
+            index = self._groups.get(group)
+            if index is None:
+                _, gname, desc, ranks = group_identity(group)
+                index = self._groups[group] = dog.add_group(gname, desc, ranks)
+            dog.enter(index, op, describe_sizes(first) if sizes is None else sizes, site)
+        except Exception:  # a group torch itself refuses (this rank not in it): torch's call says so, not ours
+            return None
         return dog, index
 
     @staticmethod
