@@ -339,6 +339,8 @@ void Watchdog::deliver(const std::string& message, const std::string& json) {
       out += "[rank " + std::to_string(options_.rank) + "] gpuguard: could not write " + options_.report_path + "\n";
     }
   }
+  // The JSON also goes to the log, one line, so that `gpuguard explain` finds it in what the job printed.
+  out += json + "\n";
   write_all(2, out);
   if (options_.exit_on_stall) {
     write_all(2, "[rank " + std::to_string(options_.rank) + "] gpuguard: on_stall='raise': ending this process "

@@ -51,9 +51,12 @@ def _verdict_from(failures: list[dict[str, Any]], failed_total: int, me: RankIde
                        f"({failed_total} of {me.world_size} ranks failed):\n" + "\n".join(lines) +
                        "\nFix: " + DUPLICATE_FIX, dict(details, fix=DUPLICATE_FIX))
     if all(f["verdict"] == "timed out" for f in failures):
+        in_all_reduce = all(f["stage"] in ALL_REDUCE_STAGES for f in failures)
+        what = (f"NCCL formed a communicator for group '{me.group}' but its first all-reduce did not complete "
+                f"within {timeout:g} s" if in_all_reduce else
+                f"NCCL did not form a communicator for group '{me.group}' within {timeout:g} s")
         return Verdict("timeout",
-                       f"NCCL did not form a communicator and complete one all-reduce on it for group '{me.group}' "
-                       f"within the {timeout:g} s deadline on "
+                       f"{what} on "
                        f"{failed_total} of {me.world_size} ranks; gpuguard aborted it (ncclCommAbort):\n" +
                        "\n".join(lines) + "\nLikely cause: the ranks cannot reach each other (network "
                        "interfaces: NCCL_SOCKET_IFNAME; firewalls) or GPU peer-to-peer is broken; run "
@@ -61,6 +64,11 @@ def _verdict_from(failures: list[dict[str, Any]], failed_total: int, me: RankIde
     return Verdict("error", f"NCCL failed to form a communicator for group '{me.group}' ({failed_total} of "
                             f"{me.world_size} ranks failed):\n" + "\n".join(lines), details)
 
+
+#: the nccl_probe stages after the communicator formed
+ALL_REDUCE_STAGES = ("ncclAllReduce", "synchronize", "check all-reduce result")
+#: a retry without P2P starts one process per rank: with less of the deadline left than this it is not tried
+MIN_RETRY_S = 5.0
 
 P2P_DISABLE_COST = ("NCCL then moves data between the GPUs of a node through host memory instead of directly, so "
                     "intra-node collectives lose bandwidth (users report steps 7-10 % slower, more for "
@@ -72,9 +80,9 @@ def _p2p_user_disabled() -> bool:
 
 
 def _first_try_share(deadline: Deadline) -> float:
-    """The first attempt gets about half of what is left, so that a retry without P2P fits in the rest."""
+    """The first attempt gets about half of what is left when a retry without P2P fits in the rest."""
     left = deadline.remaining()
-    return left if _p2p_user_disabled() else max(0.1, left / 2)
+    return left / 2 if not _p2p_user_disabled() and left >= 2 * MIN_RETRY_S else max(0.1, left)
 
 
 def _retry_without_p2p(ns: CheckedStore, me: RankIdentity, deadline: Deadline) -> Verdict:
@@ -115,9 +123,13 @@ def _after_a_hang(ns: CheckedStore, me: RankIdentity, first: Verdict, deadline: 
     """The verdict when the first all-reduce hung: retried without P2P, the finding says whether that cured it."""
     where = f"the first all-reduce on the NCCL communicator of group '{me.group}' ({me.world_size} ranks)"
     if _p2p_user_disabled():
-        return Verdict("timeout", first.message + f"\nNCCL_P2P_DISABLE is already set, so GPU peer-to-peer is not "
+        return Verdict("timeout", first.message + "\nNCCL_P2P_DISABLE is already set, so GPU peer-to-peer is not "
                                   "the cause: look at the network between the ranks (NCCL_SOCKET_IFNAME, "
                                   "firewalls; NCCL_DEBUG=INFO shows the transport).", first.details)
+    if not first.details.get("retry_without_p2p"):
+        return Verdict("timeout", first.message + f"\ngpuguard did not try again with NCCL_P2P_DISABLE=1: less than "
+                                  f"{MIN_RETRY_S:g} s of the deadline was left (give a longer timeout, or run "
+                                  "`gpuguard doctor --p2p --nccl` on one node).", first.details)
     retry = _retry_without_p2p(ns, me, deadline)
     details = dict(first.details, p2p_retry=retry.kind)
     if retry.kind == "ok":
@@ -205,15 +217,19 @@ def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namesp
         failed_total = ns.counter("failed/n")
         failures = [_read_failure(ns.get(f"failed/{i}")) for i in range(min(failed_total, MAX_REPORTED_DEVICES))]
         failures.sort(key=lambda f: f["rank"] if isinstance(f.get("rank"), int) else -1)
-        verdict = publish(ns, "verdict", _verdict_from(failures, failed_total, me, deadline.total))
+        verdict = _verdict_from(failures, failed_total, me, deadline.total)
+        if verdict.kind == "timeout" and verdict.details.get("aborted"):  # one decision for every rank
+            verdict.details["retry_without_p2p"] = not _p2p_user_disabled() and deadline.remaining() >= MIN_RETRY_S
+        verdict = publish(ns, "verdict", verdict)
     # Every rank's probe ends by the deadline (NCCL is aborted then), so the grace covers the slowest.
     elif ns.wait_for("verdict", deadline.remaining() + TIMEOUT_GRACE_S):
         verdict = read_verdict(ns, "verdict")
     else:
         verdict = None
     if verdict is not None:
-        hung = verdict.kind == "timeout" and verdict.details.get("aborted") and ns is not None
-        return _after_a_hang(ns, me, verdict, deadline) if hung else verdict
+        if verdict.kind == "timeout" and verdict.details.get("aborted") and ns is not None:
+            return _after_a_hang(ns, me, verdict, deadline)
+        return verdict
     done = ns.counter("done")
     return Verdict("timeout", f"only {done} of {me.world_size} ranks finished the NCCL probe of group "
                               f"'{me.group}' within {deadline.total:g} s", {"done": done, "world_size": me.world_size})
