@@ -1,11 +1,12 @@
-"""bind(verify_nccl=True): the ranks form a real NCCL communicator of their group and run one small all-reduce
-on it under the call's deadline; when that hangs, they try again with NCCL_P2P_DISABLE=1 and say whether it cures it.
+"""bind(verify_nccl=True): the ranks form a real NCCL communicator of their group, then run one small all-reduce
+on a second one, under the call's deadline; when that hangs, they try again with NCCL_P2P_DISABLE=1 and say whether
+it cures it.
 
 Rank 0's ``ncclGetUniqueId`` goes to the others through the same store and namespace as the placement check
-(``<namespace>/nccl/...``); each rank's failure is collected with O(1) store operations, and the last rank to
+(``<namespace>/nccl/...``, the all-reduce's under ``<namespace>/nccl/all_reduce/...``); each rank's failure is collected with O(1) store operations, and the last rank to
 finish writes one verdict every rank reads. NCCL reads NCCL_P2P_DISABLE once per process, so the retry runs
 in a child process per rank (``python -m gpuguard.probes.child nccl``, as ``gpuguard doctor --nccl`` does),
-rank 0's child's unique id handed to the others through the store (``<namespace>/nccl/retry/...``).
+rank 0's child's unique id handed to the others through the store (``<namespace>/nccl/all_reduce/retry/...``).
 """
 
 from __future__ import annotations
@@ -187,19 +188,16 @@ def _unique_id(ns: Optional[CheckedStore], me: RankIdentity, deadline: Deadline)
     return unique_id
 
 
-def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namespace: str,
-                             deadline: Deadline) -> Verdict:
-    """Forms a real NCCL communicator of the group (rank 0's unique id through the store) and runs one small
-    all-reduce on it; on a hang, again with NCCL_P2P_DISABLE=1. Returns by ``deadline`` plus twice
-    TIMEOUT_GRACE_S."""
-    ns = CheckedStore(store, f"{namespace}/nccl") if store is not None else None
+def _attempt(ns: Optional[CheckedStore], me: RankIdentity, deadline: Deadline, *, all_reduce: bool,
+             probe_timeout: float) -> Optional[Verdict]:
+    """One communicator of the group (and, with all_reduce, one all-reduce on it) on every rank; one verdict for
+    all, or None when it did not come within the deadline plus TIMEOUT_GRACE_S (the caller says so)."""
     unique_id = _unique_id(ns, me, deadline)
     if isinstance(unique_id, Verdict):
         return unique_id
     mine: Optional[dict[str, Any]]
     if me.gpu_uuid:
-        outcome = _C.nccl_probe(me.world_size, me.rank, unique_id, me.gpu_index, _first_try_share(deadline),
-                                True)
+        outcome = _C.nccl_probe(me.world_size, me.rank, unique_id, me.gpu_index, probe_timeout, all_reduce)
         mine = None if outcome.ok else {
             "rank": me.rank, "host": me.hostname, "verdict": outcome.verdict, "stage": outcome.stage,
             "message": (outcome.error.message if outcome.error else "")[:2000],
@@ -217,19 +215,32 @@ def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namesp
         failed_total = ns.counter("failed/n")
         failures = [_read_failure(ns.get(f"failed/{i}")) for i in range(min(failed_total, MAX_REPORTED_DEVICES))]
         failures.sort(key=lambda f: f["rank"] if isinstance(f.get("rank"), int) else -1)
-        verdict = _verdict_from(failures, failed_total, me, deadline.total)
-        if verdict.kind == "timeout" and verdict.details.get("aborted"):  # one decision for every rank
+        verdict = _verdict_from(failures, failed_total, me, probe_timeout if all_reduce else deadline.total)
+        if all_reduce and verdict.kind == "timeout" and verdict.details.get("aborted"):  # one decision for all
             verdict.details["retry_without_p2p"] = not _p2p_user_disabled() and deadline.remaining() >= MIN_RETRY_S
-        verdict = publish(ns, "verdict", verdict)
+        return publish(ns, "verdict", verdict)
     # Every rank's probe ends by the deadline (NCCL is aborted then), so the grace covers the slowest.
-    elif ns.wait_for("verdict", deadline.remaining() + TIMEOUT_GRACE_S):
-        verdict = read_verdict(ns, "verdict")
-    else:
-        verdict = None
+    if ns.wait_for("verdict", deadline.remaining() + TIMEOUT_GRACE_S):
+        return read_verdict(ns, "verdict")
+    return None
+
+
+def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namespace: str,
+                             deadline: Deadline) -> Verdict:
+    """Forms a real NCCL communicator of the group (rank 0's unique id through the store); then, on a second
+    one, runs one small all-reduce, and on a hang tries that again with NCCL_P2P_DISABLE=1. Forming first keeps
+    NCCL's own refusals (a shared GPU) fast: a rank whose peer failed at init would otherwise wait in the
+    all-reduce until the deadline. Returns by ``deadline`` plus twice TIMEOUT_GRACE_S."""
+    ns = CheckedStore(store, f"{namespace}/nccl") if store is not None else None
+    verdict = _attempt(ns, me, deadline, all_reduce=False, probe_timeout=max(0.1, deadline.remaining()))
+    if verdict is not None and verdict.kind == "ok":
+        ar = CheckedStore(store, f"{namespace}/nccl/all_reduce") if store is not None else None
+        verdict = _attempt(ar, me, deadline, all_reduce=True, probe_timeout=_first_try_share(deadline))
+        if verdict is not None and verdict.kind == "timeout" and verdict.details.get("aborted") and ar is not None:
+            return _after_a_hang(ar, me, verdict, deadline)
     if verdict is not None:
-        if verdict.kind == "timeout" and verdict.details.get("aborted") and ns is not None:
-            return _after_a_hang(ns, me, verdict, deadline)
         return verdict
+    assert ns is not None
     done = ns.counter("done")
     return Verdict("timeout", f"only {done} of {me.world_size} ranks finished the NCCL probe of group "
                               f"'{me.group}' within {deadline.total:g} s", {"done": done, "world_size": me.world_size})
