@@ -92,7 +92,11 @@ class Watch:
         self._wrapped = Wrapped(self._enter, self._leave)
         self.report_path: Optional[str] = None
         if dist.is_available() and dist.is_initialized():
-            self._start()
+            try:
+                self._start()
+            except BaseException:
+                self._wrapped.restore()
+                raise
 
     # ---- the C++ side ------------------------------------------------------------------------------------
 
