@@ -45,10 +45,25 @@ def test_the_cure_followed_passes_the_check(fake_gpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_hang_that_disabling_p2p_does_not_cure_is_not_blamed_on_p2p(fake_gpus, tmp_path):
+def test_an_all_reduce_hang_that_disabling_p2p_does_not_cure_is_not_blamed_on_p2p(fake_gpus, tmp_path):
+    proc = torchrun_verify(fake_gpus, tmp_path, "h100x4_nccl_hang_all_reduce")
+    assert proc.returncode == 1
+    ranks = rank_lines(proc.stdout)
+    assert sorted(ranks) == [0, 1, 2, 3], proc.stdout[-3000:]
+    for doc in ranks.values():
+        message = doc["message"]
+        assert message.startswith("NCCL formed a communicator for group 'default' but its first all-reduce did not "
+                                  "complete within "), message
+        assert "Tried again with NCCL_P2P_DISABLE=1: " in message
+        assert "so disabling P2P is not the cure here" in message
+        assert "Fix: export NCCL_P2P_DISABLE=1" not in message
+
+
+@pytest.mark.slow
+def test_a_communicator_that_never_forms_is_reported_as_such(fake_gpus, tmp_path):
     proc = torchrun_verify(fake_gpus, tmp_path, "h100x4_nccl_hang")
     assert proc.returncode == 1
     for doc in rank_lines(proc.stdout).values():
-        assert "Tried again with NCCL_P2P_DISABLE=1: " in doc["message"], doc["message"]
-        assert "so disabling P2P is not the cure here" in doc["message"]
-        assert "Fix: export NCCL_P2P_DISABLE=1" not in doc["message"]
+        assert doc["message"].startswith("NCCL did not form a communicator for group 'default' within 30 s on 4 "
+                                          "of 4 ranks"), doc["message"]
+        assert "NCCL_P2P_DISABLE=1" not in doc["message"]
