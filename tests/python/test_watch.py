@@ -223,7 +223,7 @@ def test_everyone_in_a_hung_nccl_all_reduce_points_at_the_fabric(fake_gpus, tmp_
 
 @pytest.mark.slow
 def test_healthy_loop_never_reports(fake_gpus, tmp_path):
-    steps = 3000
+    steps = 10000  # the healthy loop
     job = Job("healthy", tmp_path, fake_gpus.env("h100x4"), extra=(str(steps),))
     output = job.end(timeout=300)
     assert job.procs[0].returncode == 0, output[-4000:]
