@@ -18,6 +18,7 @@
 #include "gpuguard/tensor_devices.h"
 #include "gpuguard/placement.h"
 #include "records.h"
+#include "watch.h"
 
 namespace py = pybind11;
 
@@ -198,4 +199,5 @@ PYBIND11_MODULE(_C, m) {
   bind_binding(m);
   bind_tensor_devices(m);
   bind_identity_placement(m);
+  gpuguard::python::bind_watchdog(m);
 }

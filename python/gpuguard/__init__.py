@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
     from .binding.launchers import LaunchContext, detect as detect_launcher
     from .tensor_devices import GuardHandle, assert_same_device, guard, same_device
     from .ray import PlacementReport, RayPlacement, ray_placement
+    from .watchdog import Watch, watch
 
 from ._version import __version__
 
@@ -69,6 +70,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "PlacementReport": (".ray", "PlacementReport"),
     "RayPlacement": (".ray", "RayPlacement"),
     "ray_placement": (".ray", "ray_placement"),
+    "Watch": (".watchdog", "Watch"),
+    "watch": (".watchdog", "watch"),
 }
 
 
@@ -126,6 +129,7 @@ __all__ = [
     "RayRendezvousError",
     "RendezvousTimeoutError",
     "TORCH_VERSION_BUILT_FOR",
+    "Watch",
     "__version__",
     "assert_same_device",
     "bind",
@@ -139,4 +143,5 @@ __all__ = [
     "init_process_group",
     "ray_placement",
     "same_device",
+    "watch",
 ]

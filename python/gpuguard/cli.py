@@ -147,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", default="default", help="the rank group to check (default: default)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="deadline in seconds for the whole check, other ranks and NCCL included (default 60)")
-    p.add_argument("--verify-nccl", action="store_true", help="also form a real NCCL communicator of the group")
+    p.add_argument("--verify-nccl", action="store_true",
+                   help="also form a real NCCL communicator of the group and run one all-reduce on it (on a hang, "
+                        "again with NCCL_P2P_DISABLE=1, saying whether that cures it)")
     p.add_argument("--require-gpu", action="store_true", help="fail instead of binding the CPU when no GPU is visible")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_check)

@@ -98,8 +98,9 @@ Topology parse_topology(const std::string& text) {
     if (nccl.has("version")) topo.nccl_version = static_cast<int>(nccl.at("version").as_int("nccl.version"));
     if (nccl.has("behavior")) topo.nccl_behavior = nccl.at("behavior").as_string("nccl.behavior");
     const std::string& b = topo.nccl_behavior;
-    if (b != "ok" && b != "duplicate" && b != "hang" && b != "hang_unless_p2p_disabled") {
-      throw std::runtime_error("nccl.behavior must be ok, duplicate, hang or hang_unless_p2p_disabled, not " + b);
+    if (b != "ok" && b != "duplicate" && b != "hang" && b != "hang_unless_p2p_disabled" && b != "hang_all_reduce") {
+      throw std::runtime_error("nccl.behavior must be ok, duplicate, hang, hang_unless_p2p_disabled or "
+                               "hang_all_reduce, not " + b);
     }
   }
   return topo;

@@ -223,7 +223,7 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
 
 
 def bind(*, group: str = "default", store: Any = None, timeout: float = 60, verify_nccl: bool = False,
-         require_gpu: bool = False) -> Binding:
+         require_gpu: bool = False, watch: bool = False) -> Binding:
     """Binds this process to its GPU under whichever launcher started it, and returns the Binding.
 
     group: the rank's group; ranks of different groups may share a GPU (colocated roles). The default
@@ -231,8 +231,10 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     store: where ranks meet for the cross-rank check (a torch.distributed Store); found automatically
       when None. timeout: seconds for the whole call (the CUDA-state check, the other ranks, NCCL), after
       which it returns or raises within a few seconds.
-    verify_nccl: also form a real NCCL communicator under the deadline.
+    verify_nccl: also form a real NCCL communicator and run one small all-reduce on it under the deadline
+      (on a hang, again with NCCL_P2P_DISABLE=1, saying whether that cures it).
     require_gpu: no GPU is an error instead of a warning and a CPU binding.
+    watch: also start gpuguard.watch() (the collective watchdog, default settings) once bound.
 
     Raises LaunchEnvironmentError (launcher variables or CUDA_VISIBLE_DEVICES malformed or contradictory),
     RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
@@ -240,5 +242,9 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     """
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
-    return bind_in(detect(), group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
-                   require_gpu=require_gpu)
+    binding = bind_in(detect(), group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
+                      require_gpu=require_gpu)
+    if watch:
+        from ..watchdog import watch as start_watch
+        start_watch()  # starts with the first collective if the process group does not exist yet
+    return binding

@@ -1,0 +1,78 @@
+// gpuguard._C.Watchdog: binds the collective watchdog and gives it a stack dumper that runs without the GIL.
+#include "watch.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <Python.h>
+#include <pybind11/stl.h>
+
+#include "gpuguard/watchdog.h"
+
+// CPython's own GIL-free dumper, the one faulthandler uses from its watchdog thread (dump_traceback_later) and
+// from signal handlers: it reads every thread's frames without taking the GIL, so it works while the main
+// thread is blocked in C holding it. Exported by libpython (PyAPI_FUNC) though declared in an internal header.
+extern "C" const char* _Py_DumpTracebackThreads(int fd, PyInterpreterState* interp, PyThreadState* current_tstate);
+
+namespace gpuguard::python {
+namespace py = pybind11;
+namespace {
+
+constexpr std::size_t kMaxStackBytes = 48 * 1024;
+
+std::string dump_python_stacks(PyInterpreterState* interp) {
+  std::FILE* file = std::tmpfile();
+  if (file == nullptr) return "(no stack: tmpfile() failed)";
+  int fd = fileno(file);
+  const char* failure = _Py_DumpTracebackThreads(fd, interp, nullptr);
+  std::string out;
+  if (::lseek(fd, 0, SEEK_SET) == 0) {
+    char buf[4096];
+    ssize_t n;
+    while (out.size() < kMaxStackBytes && (n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  }
+  std::fclose(file);
+  if (out.size() > kMaxStackBytes) out.resize(kMaxStackBytes);
+  if (failure != nullptr) out += std::string("(stack dump: ") + failure + ")\n";
+  return out;
+}
+
+}  // namespace
+
+void bind_watchdog(py::module_& m) {
+  py::class_<Watchdog>(m, "Watchdog",
+                       "One rank's collective watchdog: a C++ thread that needs no GIL (see gpuguard.watch()).")
+      .def(py::init([](std::string store_host, int store_port, std::string prefix, int rank, int world_size,
+                       std::string host, long pid, std::string gpu, double stall_after_s, double min_stall_s,
+                       double tick_s, double gather_s, std::string report_path, bool exit_on_stall, int exit_code) {
+             WatchdogOptions o{std::move(store_host), store_port, std::move(prefix), rank, world_size,
+                               std::move(host), pid, std::move(gpu), stall_after_s, min_stall_s, tick_s, gather_s,
+                               std::move(report_path), exit_on_stall, exit_code};
+             PyInterpreterState* interp = PyInterpreterState_Get();
+             py::gil_scoped_release nogil;  // connecting may take a moment
+             return std::make_unique<Watchdog>(std::move(o), [interp] { return dump_python_stacks(interp); });
+           }),
+           py::kw_only(), py::arg("store_host"), py::arg("store_port"), py::arg("prefix"), py::arg("rank"),
+           py::arg("world_size"), py::arg("host"), py::arg("pid"), py::arg("gpu"), py::arg("stall_after_s"),
+           py::arg("min_stall_s"), py::arg("tick_s"), py::arg("gather_s"), py::arg("report_path"),
+           py::arg("exit_on_stall"), py::arg("exit_code"))
+      .def("add_group", &Watchdog::add_group, py::arg("name"), py::arg("desc"), py::arg("ranks"))
+      .def("enter", &Watchdog::enter, py::arg("group"), py::arg("op"), py::arg("sizes"), py::arg("site"))
+      .def("exit", &Watchdog::exit, py::arg("group"))
+      .def("stop", &Watchdog::stop, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("stall_threshold_s", &Watchdog::stall_threshold_s)
+      .def_property_readonly("store_ops", &Watchdog::store_ops)
+      .def_property_readonly("reports", &Watchdog::reports)
+      .def_property_readonly("last_report_json", &Watchdog::last_report_json);
+
+  m.def("dump_python_stacks", [] {
+    PyInterpreterState* interp = PyInterpreterState_Get();
+    py::gil_scoped_release nogil;
+    return dump_python_stacks(interp);
+  }, "Every Python thread's stack as faulthandler prints it, taken without the GIL (as the watchdog does).");
+}
+
+}  // namespace gpuguard::python

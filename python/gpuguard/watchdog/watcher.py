@@ -1,0 +1,228 @@
+"""gpuguard.watch(): start the collective watchdog of this rank; the Watch handle that stops it.
+
+The work happens in C++ (``_C.Watchdog``, csrc/gpuguard/watchdog.*): a thread that needs no GIL, with a store
+client of its own. This module wraps the collectives (``collectives.py``), finds the job's store, and starts the
+C++ side at once when the default process group exists, else at the first collective after it does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import socket
+import sys
+import tempfile
+from typing import Any, Iterator, Mapping, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from .. import _C
+from .collectives import Wrapped, describe_sizes, group_identity
+
+logger = logging.getLogger("gpuguard")
+
+ON_STALL = ("report", "raise")
+#: on_stall="raise" ends the process with this code once the report is out (EX_TEMPFAIL: worth a restart).
+STALL_EXIT_CODE = 75
+#: the floor of the adaptive threshold, in seconds
+MIN_STALL_S = 60.0
+
+_active: Optional["Watch"] = None
+_generation = 0
+
+
+def _check_arguments(stall_after: Optional[float], on_stall: str, tick: float, gather: float) -> None:
+    if stall_after is not None and (isinstance(stall_after, bool) or not isinstance(stall_after, (int, float))
+                                    or not stall_after > 0):
+        raise ValueError(f"stall_after={stall_after!r}: give the seconds a collective may wait, a positive number, "
+                         f"or None for the adaptive threshold (at least {MIN_STALL_S:g} s)")
+    if on_stall not in ON_STALL:
+        raise ValueError(f"on_stall={on_stall!r}: use 'report' (print the report, keep running) or 'raise' (print "
+                         f"it, then end the process with exit code {STALL_EXIT_CODE} so the scheduler restarts it)")
+    for name, value in (("tick", tick), ("gather", gather)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name}={value!r}: give seconds, a positive number")
+
+
+def _store_address(store: Any) -> tuple[str, int]:
+    """host and port of the TCPStore under ``store`` (default: the default process group's store)."""
+    if isinstance(store, tuple) and len(store) == 2:
+        return str(store[0]), int(store[1])
+    found = store if store is not None else distributed_c10d._get_default_store()
+    seen = found
+    while isinstance(seen, dist.PrefixStore):
+        seen = seen.underlying_store
+    if isinstance(seen, dist.TCPStore):
+        return seen.host, seen.port
+    raise ValueError(f"gpuguard.watch() needs the job's TCPStore (torchrun's, or env:// init's), but the store is "
+                     f"a {type(seen).__name__}: its watchdog thread talks to the store without Python, which only "
+                     f"a TCPStore allows. Pass store=(host, port) of a TCPStore every rank can reach.")
+
+
+def _gpu_uuid() -> str:
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return "GPU-" + str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    except Exception:  # pragma: no cover - a torch without CUDA support
+        pass
+    return ""
+
+
+class Watch:
+    """One rank's running watchdog (see watch()). stop() ends it and restores torch.distributed."""
+
+    def __init__(self, *, stall_after: Optional[float], on_stall: str, store: Any, report_dir: Optional[str],
+                 tick: float, gather: float) -> None:
+        global _generation
+        _generation += 1
+        self.stall_after = stall_after
+        self.on_stall = on_stall
+        self._store = store
+        self._report_dir = report_dir
+        self._tick = tick
+        self._gather = gather
+        self._generation = _generation
+        self._dog: Optional[_C.Watchdog] = None
+        self._failed = False
+        self._groups: dict[Any, int] = {}
+        self._wrapped = Wrapped(self._enter, self._leave)
+        self.report_path: Optional[str] = None
+        if dist.is_available() and dist.is_initialized():
+            try:
+                self._start()
+            except BaseException:
+                self._wrapped.restore()
+                raise
+
+    # ---- the C++ side ------------------------------------------------------------------------------------
+
+    def _start(self) -> _C.Watchdog:
+        host, port = _store_address(self._store)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "job") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
+        self.report_path = os.path.join(directory, f"gpuguard-stall-rank{rank}-pid{os.getpid()}.json")
+        self._dog = _C.Watchdog(
+            store_host=host, store_port=port, prefix=f"gpuguard/watch/{run}/{self._generation}/", rank=rank,
+            world_size=world_size, host=socket.gethostname(), pid=os.getpid(), gpu=_gpu_uuid(),
+            stall_after_s=float(self.stall_after or 0), min_stall_s=MIN_STALL_S, tick_s=float(self._tick),
+            gather_s=float(self._gather), report_path=self.report_path, exit_on_stall=self.on_stall == "raise",
+            exit_code=STALL_EXIT_CODE)
+        logger.info("gpuguard.watch: rank %d watches its collectives (store %s:%d, stall after %s)", rank, host,
+                    port, f"{self.stall_after:g} s" if self.stall_after else f"adaptive, at least {MIN_STALL_S:g} s")
+        return self._dog
+
+    def _watchdog(self) -> Optional[_C.Watchdog]:
+        if self._dog is None and not self._failed:
+            try:
+                self._start()
+            except (ValueError, RuntimeError) as exc:  # never break the job's collective for the watchdog
+                self._failed = True
+                print(f"gpuguard.watch: rank {dist.get_rank()}: not watching: {exc}", file=sys.stderr)
+        return self._dog
+
+    def _enter(self, op: str, group: Any, first: Any, site: str,
+               sizes: Optional[str] = None) -> Optional[tuple[_C.Watchdog, int]]:
+        dog = self._dog or self._watchdog()
+        if dog is None:
+            return None
+        try:
+            index = self._groups.get(group)
+            if index is None:
+                _, gname, desc, ranks = group_identity(group)
+                index = self._groups[group] = dog.add_group(gname, desc, ranks)
+            dog.enter(index, op, describe_sizes(first) if sizes is None else sizes, site)
+        except Exception:  # a group torch itself refuses (this rank not in it): torch's call says so, not ours
+            return None
+        return dog, index
+
+    @staticmethod
+    def _leave(token: Optional[tuple[_C.Watchdog, int]]) -> None:
+        if token is not None:
+            token[0].exit(token[1])
+
+    # ---- the public handle -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def collective(self, op: str, group: Any = None, sizes: str = "") -> Iterator[None]:
+        """Marks a collective torch.distributed does not see (NCCL called directly, e.g. a PyNccl communicator)
+        so that the watchdog tracks it like the wrapped ones: ``with w.collective("all_reduce"): ...``."""
+        caller = sys._getframe(2)
+        token = self._enter(op.upper(), group, None, f"{caller.f_code.co_filename}:{caller.f_lineno}", sizes)
+        try:
+            yield
+        finally:
+            self._leave(token)
+
+    @property
+    def stall_threshold_s(self) -> Optional[float]:
+        return self._dog.stall_threshold_s if self._dog is not None else None
+
+    @property
+    def store_ops(self) -> int:
+        return self._dog.store_ops if self._dog is not None else 0
+
+    @property
+    def reports(self) -> int:
+        return self._dog.reports if self._dog is not None else 0
+
+    def last_report(self) -> Optional[str]:
+        """The last stall report as JSON text, or None."""
+        return (self._dog.last_report_json or None) if self._dog is not None else None
+
+    def stop(self) -> None:
+        global _active
+        self._wrapped.restore()
+        if self._dog is not None:
+            self._dog.stop()
+        if _active is self:
+            _active = None
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
+          store: Union[None, Any, tuple[str, int]] = None, report_dir: Optional[str] = None, tick: float = 1.0,
+          gather: float = 5.0) -> Watch:
+    """Watches this rank's collectives; call it on every rank. Returns the running Watch (stop() ends it).
+
+    When a collective has waited longer than ``stall_after`` seconds (None: adaptive, four times the longest
+    wait or gap seen so far and at least 60 s), the ranks compare notes through the job's store and every rank
+    prints one report naming the stuck rank, its host, the collective and its Python stack, and writes it as
+    JSON ({"gpuguard_stall": {...}}) to ``report_dir`` (default $GPUGUARD_WATCH_DIR or the temp folder).
+    on_stall="raise" ends the process (exit code 75) after the report; "report" never stops the job.
+    store: the job's TCPStore, or (host, port); default: the default process group's.
+    tick: seconds between the watchdog's checks (one store operation each); gather: how long the rank that
+    composes the report waits for ranks that do not answer (then named dead or unreachable).
+    Call it before or after init_process_group(); the watchdog starts with the first collective then.
+    """
+    global _active
+    _check_arguments(stall_after, on_stall, tick, gather)
+    if _active is not None:
+        raise RuntimeError("gpuguard.watch() is already running in this process; stop() it first")
+    _active = Watch(stall_after=stall_after, on_stall=on_stall, store=store, report_dir=report_dir, tick=tick,
+                    gather=gather)
+    atexit.register(_active.stop)
+    return _active
+
+
+def watch_from_environment(environ: Mapping[str, str] = os.environ) -> Optional[Watch]:
+    """The zero-code entry point: watch() when GPUGUARD_WATCH=1, with GPUGUARD_STALL_AFTER (seconds) and
+    GPUGUARD_ON_STALL (report|raise) if set; None otherwise."""
+    if environ.get("GPUGUARD_WATCH", "") in ("", "0"):
+        return None
+    raw = environ.get("GPUGUARD_STALL_AFTER", "")
+    try:
+        stall_after = float(raw) if raw else None
+    except ValueError:
+        raise ValueError(f"GPUGUARD_STALL_AFTER={raw!r}: give seconds, e.g. 300") from None
+    return watch(stall_after, on_stall=environ.get("GPUGUARD_ON_STALL", "report"),
+                 report_dir=environ.get("GPUGUARD_WATCH_DIR") or None)

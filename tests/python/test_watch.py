@@ -1,0 +1,276 @@
+"""gpuguard.watch() under a real torchrun (4 ranks, gloo on the CPU): every rank prints one report naming the
+stuck rank, its collective and its stack, within the stall threshold + 15 s; the fake NCCL stands in for a hung
+or peer-blind NCCL. The worker is tests/python/watch_worker.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from test_bind import scrubbed
+
+WORKER = Path(__file__).with_name("watch_worker.py")
+STALL_AFTER = 3
+
+
+def worker_line(marker: str) -> int:
+    """The line number of the worker's line containing `marker`."""
+    for number, line in enumerate(WORKER.read_text().splitlines(), 1):
+        if marker in line:
+            return number
+    raise AssertionError(marker)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """One torchrun job (or one agent per rank, `agents=4`) running the worker, its output in files."""
+
+    def __init__(self, scenario: str, tmp_path: Path, env: dict[str, str], agents: int = 1,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.dir = tmp_path / "reports"
+        self.dir.mkdir()
+        env = scrubbed(dict(env, WATCH_DIR=str(self.dir), GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl")))
+        args = [str(WORKER), scenario, str(STALL_AFTER), *extra]
+        self.logs = [tmp_path / f"agent{n}.log" for n in range(agents)]
+        self.procs = []
+        if agents == 1:
+            commands = [["--standalone", "--nproc_per_node=4"]]
+        else:  # one agent per rank, as on four nodes: an agent whose worker dies leaves the others running
+            port = free_port()
+            commands = [[f"--nnodes={agents}", f"--node_rank={n}", "--nproc_per_node=1", "--rdzv_backend=static",
+                         "--master_addr=127.0.0.1", f"--master_port={port}"] for n in range(agents)]
+        for command, log in zip(commands, self.logs):
+            with open(log, "w") as out:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "torch.distributed.run", *command, *args], env=env, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT)))
+
+    def reports(self) -> dict[int, dict]:
+        out = {}
+        for path in self.dir.glob("gpuguard-stall-rank*-pid*.json"):
+            text = path.read_text()
+            if text.endswith("\n"):
+                out[int(re.search(r"rank(\d+)", path.name).group(1))] = json.loads(text)
+        return out
+
+    def wait_for_reports(self, ranks: set[int], timeout: float = 150) -> dict[int, dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.reports()
+            if ranks <= set(got) or all(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.5)
+        time.sleep(1)  # the last rank's stderr line follows its file
+        return self.reports()
+
+    def end(self, timeout: float = 60) -> str:
+        """Lets a job that finishes on its own finish; kills one that does not. Returns the output."""
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        return "\n".join(log.read_text() for log in self.logs)
+
+    def stall_start(self, name: str = "stall_start") -> float:
+        return float((self.dir / name).read_text())
+
+    def report_time(self, rank: int) -> float:
+        return next(self.dir.glob(f"gpuguard-stall-rank{rank}-pid*.json")).stat().st_mtime
+
+
+def rank_reports(output: str, rank: int) -> list[str]:
+    """The report rank `rank` printed: its first line and the indented lines that follow."""
+    lines = output.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if line.startswith(f"[rank {rank}] gpuguard: collective stall:"):
+            block = [line]
+            for follow in lines[i + 1:]:
+                if not follow.startswith("  "):
+                    break
+                block.append(follow)
+            found.append("\n".join(block))
+    return found
+
+
+def check_on_every_rank(job: Job, output: str, ranks: set[int], kind: str, *needles: str) -> dict[int, dict]:
+    reports = job.reports()
+    assert ranks <= set(reports), output[-6000:]
+    for rank in ranks:
+        printed = rank_reports(output, rank)
+        assert printed, f"rank {rank} printed no report:\n{output[-6000:]}"
+        for needle in needles:
+            assert needle in printed[0], f"rank {rank}: {needle!r} not in:\n{printed[0]}"
+        stall = reports[rank]["gpuguard_stall"]
+        assert stall["kind"] == kind
+        assert stall["group"] == "default_pg" and stall["group_ranks"] == [0, 1, 2, 3]
+    messages = {reports[r]["gpuguard_stall"]["message"] for r in ranks}
+    assert len(messages) == 1, "every rank must print the same report"
+    return reports
+
+
+def behind(job: Job, output: str, marker: str) -> None:
+    line = worker_line(marker)
+    reports = check_on_every_rank(
+        job, output, {0, 1, 2, 3}, "rank_behind",
+        "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3); ranks 0, 1, 3 have waited in it",
+        "its last collective there was ALL_REDUCE #4 (float32[4])",
+        f'File "{WORKER}", line {line} in <module>')
+    stall = reports[0]["gpuguard_stall"]
+    assert (stall["seq"], stall["op"], stall["stuck_ranks"], stall["waiting_ranks"]) == (5, "ALL_REDUCE", [2],
+                                                                                          [0, 1, 3])
+    assert f"line {line} in <module>" in stall["stack"]
+    for rank in range(4):
+        assert job.report_time(rank) - job.stall_start() <= STALL_AFTER + 15
+
+
+@pytest.mark.slow
+def test_rank_behind_sleeping_in_python_is_named_with_its_stack(fake_gpus, tmp_path):
+    job = Job("behind_python", tmp_path, fake_gpus.env("h100x4"))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end()
+    behind(job, output, "# rank 2 sleeps here")
+    assert job.procs[0].returncode == 0, "report mode must never stop the job"
+
+
+@pytest.mark.slow
+def test_rank_behind_blocked_in_c_holding_the_gil_is_named_with_its_stack(fake_gpus, tmp_path):
+    job = Job("behind_gil", tmp_path, fake_gpus.env("h100x4"))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end()
+    behind(job, output, "# a C call that keeps the GIL")
+
+
+@pytest.mark.slow
+def test_on_stall_raise_ends_every_rank_with_the_report_and_exit_code_75(fake_gpus, tmp_path):
+    job = Job("behind_python", tmp_path, fake_gpus.env("h100x4", ON_STALL="raise"))
+    output = job.end(timeout=150)
+    assert rank_reports(output, 0), output[-4000:]
+    assert "[rank 0] gpuguard: on_stall='raise': ending this process with exit code 75" in output
+    assert "exitcode: 75" in output and job.procs[0].returncode != 0
+    assert "rank 2: done" not in output
+
+
+@pytest.mark.slow
+def test_desync_names_both_collectives(fake_gpus, tmp_path):
+    job = Job("desync", tmp_path, fake_gpus.env("h100x4"))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end(timeout=1)
+    reports = check_on_every_rank(
+        job, output, {0, 1, 2, 3}, "desync",
+        "desync on collective #5 of group 'default_pg' (ranks 0-3)",
+        f"ranks 0, 1, 3 called ALL_REDUCE #5 (float32[4]) at {WORKER}:{worker_line('# the all-reduce of the scenarios')}",
+        f"rank 2 called BROADCAST #5 (float32[4]) at {WORKER}:{worker_line('dist.broadcast(t, src=0)')}")
+    assert reports[1]["gpuguard_stall"]["stuck_ranks"] == [2]
+
+
+@pytest.mark.slow
+def test_stopped_rank_is_named_unreachable(fake_gpus, tmp_path):
+    job = Job("stopped", tmp_path, fake_gpus.env("h100x4"))
+    job.wait_for_reports({0, 1, 3})
+    output = job.end(timeout=1)
+    reports = check_on_every_rank(job, output, {0, 1, 3}, "rank_gone",
+                                  "rank 2 of ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) is gone or unreachable",
+                                  ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1, 3 have waited in ALL_REDUCE #5")
+    assert reports[0]["gpuguard_stall"]["gone_ranks"] == [2]
+    assert job.report_time(0) - job.stall_start() <= STALL_AFTER + 15
+
+
+@pytest.mark.slow
+def test_killed_rank_is_named_gone_with_its_host(fake_gpus, tmp_path):
+    job = Job("killed", tmp_path, fake_gpus.env("h100x4"), agents=4)
+    job.wait_for_reports({0, 1, 3})
+    output = job.end(timeout=1)
+    check_on_every_rank(job, output, {0, 1, 3}, "rank_gone",
+                        f"rank 2 ({socket.gethostname()}, pid ",
+                        ") is gone: it died (look for an OOM kill, a crash or a signal in its log)")
+    assert job.report_time(0) - job.stall_start() <= STALL_AFTER + 15
+
+
+@pytest.mark.slow
+def test_everyone_in_a_hung_nccl_all_reduce_points_at_the_fabric(fake_gpus, tmp_path):
+    job = Job("nccl_hang", tmp_path, fake_gpus.env("h100x4_nccl_hang"))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end(timeout=1)
+    reports = check_on_every_rank(
+        job, output, {0, 1, 2, 3}, "no_progress",
+        "every rank entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) and none completed it",
+        "run `gpuguard doctor --p2p --nccl`", "NCCL_P2P_DISABLE=1")
+    assert reports[0]["gpuguard_stall"]["waiting_ranks"] == [0, 1, 2, 3]
+    assert job.report_time(0) - job.stall_start("stall_start.0") <= STALL_AFTER + 15
+
+
+@pytest.mark.slow
+def test_healthy_loop_never_reports(fake_gpus, tmp_path):
+    steps = 10000  # the issue's healthy loop
+    job = Job("healthy", tmp_path, fake_gpus.env("h100x4"), extra=(str(steps),))
+    output = job.end(timeout=300)
+    assert job.procs[0].returncode == 0, output[-4000:]
+    assert "collective stall" not in output
+    for rank in range(4):
+        assert f"rank {rank}: healthy done" in output and ", 0 reports" in output
+    assert not job.reports()
+
+
+WATCH_ONE_RANK = """
+import datetime, json, torch, torch.distributed as dist, gpuguard
+from gpuguard.watchdog import watcher
+server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+binding = gpuguard.bind(watch=True)
+started_before_init = watcher._active is not None and watcher._active._dog is None
+dist.init_process_group("gloo", store=server, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+dist.all_reduce(torch.ones(2))
+w = watcher._active
+print(json.dumps({"lazy": started_before_init, "threshold": w.stall_threshold_s, "ops": w.store_ops,
+                  "wrapped": dist.all_reduce is not w._wrapped._saved[0][2]}))
+w.stop()
+print(json.dumps({"restored": not hasattr(dist.all_reduce, "__gpuguard_original__")}))
+"""
+
+
+def test_bind_watch_starts_at_the_first_collective_with_the_adaptive_floor_and_stop_restores(fake_gpus):
+    proc = subprocess.run([sys.executable, "-c", WATCH_ONE_RANK], env=scrubbed(fake_gpus.env("h100x1")),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert first["lazy"] and first["wrapped"] and first["ops"] >= 1, first  # the hello record at least
+    assert first["threshold"] == 60.0  # adaptive: nothing seen yet, so the floor
+    assert second == {"restored": True}
+
+
+def test_arguments_are_checked():
+    from gpuguard.watchdog.watcher import _check_arguments
+    with pytest.raises(ValueError, match=r"stall_after=0: give the seconds a collective may wait"):
+        _check_arguments(0, "report", 1, 5)
+    with pytest.raises(ValueError, match=r"on_stall='abort': use 'report' .* or 'raise'"):
+        _check_arguments(None, "abort", 1, 5)
+
+
+def test_a_store_the_thread_cannot_reach_without_python_is_refused(tmp_path):
+    import torch.distributed as dist
+    from gpuguard.watchdog.watcher import _store_address
+    with pytest.raises(ValueError, match=r"needs the job's TCPStore .* the store is a FileStore"):
+        _store_address(dist.FileStore(str(tmp_path / "store"), 1))
+    server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    assert _store_address(dist.PrefixStore("default_pg", server)) == ("127.0.0.1", server.port)
