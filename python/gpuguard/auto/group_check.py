@@ -203,7 +203,7 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
         raise_for(verdict, me)
     except DuplicateDeviceError as exc:
         note = f"gpuguard (auto, at {trigger}): rank {me.rank} is on cuda:{chosen.index} because {chosen.how}."
-        if _chosen is None:
+        if _chosen is None and check.context.launcher != "ray":
             note += (" Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, or "
                      "pass device_id= to it.")
         exc.add_note(note)
