@@ -306,3 +306,80 @@ def test_e_right_model_runs_with_the_one_line(fake_gpus):
     assert proc.stderr.strip().splitlines() == [line for line in proc.stderr.strip().splitlines()
                                                 if line.startswith(ACTIVE)]
     assert proc.stderr.count(ACTIVE) == 1
+
+
+# ---- the deferred check of an NCCL group, as on a CUDA build of torch -----------------------------------------
+# This torch cannot build an NCCL group (no CUDA device), so these scripts run a gloo group that gpuguard is told
+# to treat as NCCL on a torch that could build it: everything else (torchrun, its agent store, the exchange, the
+# triggers) is what a CUDA job goes through.
+
+DEFERRED = """
+import json, os, sys
+import torch, torch.distributed as dist
+import gpuguard.auto.group_check as group_check
+group_check.nccl_backed = lambda backend: True
+group_check.torch_cannot_build_nccl_here = lambda: False
+mode = sys.argv[2]
+dist.init_process_group("gloo")
+out = {"type": None}
+try:
+    if mode == "rank_as_device":
+        torch.cuda.set_device(dist.get_rank())
+    elif mode == "collective":
+        dist.all_reduce(torch.ones(1))
+    elif mode == "ddp":
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+except Exception as exc:
+    out = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
+           "notes": getattr(exc, "__notes__", [])}
+out["collective_unwrapped"] = dist.all_reduce is dist.distributed_c10d.all_reduce
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def torchrun_deferred(fake_gpus, tmp_path, mode: str, nodes: int, nproc: int):
+    script = write(tmp_path, "train.py", DEFERRED)
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+    agents = []
+    for node in range(nodes):
+        visible = ",".join(str(node * nproc + i) for i in range(nproc))
+        env = auto_env(fake_gpus.env("h100x4", visible=visible))
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={nproc}",
+             f"--node_rank={node}", "--rdzv_backend=static", "--master_addr=127.0.0.1", f"--master_port={port}",
+             str(script), str(out), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    logs = [a.communicate(timeout=240) for a in agents]
+    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    assert sorted(ranks) == list(range(nodes * nproc)), logs
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_nccl_set_device_after_init_stops_every_rank(fake_gpus, tmp_path):
+    ranks = torchrun_deferred(fake_gpus, tmp_path, "rank_as_device", nodes=2, nproc=2)
+    for r in (2, 3):
+        assert ranks[r]["type"] == "RankMappingError"
+        assert f"{r} equals the global rank" in ranks[r]["message"]
+    for r in (0, 1):  # their own index is right; they stop because a peer cannot bind, naming it
+        assert ranks[r]["type"] == "RankMappingError", ranks[r]
+        assert "could not bind a GPU, so every rank of group 'default' stops here" in ranks[r]["message"]
+        assert "equals the global rank" in ranks[r]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,trigger", [("collective", "the first collective (torch.distributed.all_reduce)"),
+                                          ("ddp", "DistributedDataParallel construction")])
+def test_first_collective_or_ddp_runs_the_check_once(fake_gpus, tmp_path, mode, trigger):
+    ranks = torchrun_deferred(fake_gpus, tmp_path, mode, nodes=1, nproc=2)
+    for r, got in ranks.items():
+        assert got["type"] == "DuplicateDeviceError", got
+        assert "2 ranks of group 'default' share 1 GPU" in got["message"]
+        assert got["notes"] == [f"gpuguard (auto, at {trigger}): rank {r} is on cuda:0 because set_device was never "
+                                f"called, so this rank uses the current device, cuda:0, as every rank that never "
+                                f"calls it does. Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before "
+                                f"init_process_group, or pass device_id= to it."]
+    if mode == "collective":  # the trigger is gone once it fired: no wrapper left on the hot path
+        assert all(got["collective_unwrapped"] for got in ranks.values())

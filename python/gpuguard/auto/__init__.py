@@ -52,6 +52,17 @@ def _flag(name: str) -> bool:
 
 # ---- the wrappers ------------------------------------------------------------------------------------------
 
+def _check_group(trigger: str, chosen: Optional[group_check.Chosen] = None) -> None:
+    """Runs the pending group check (once); whatever its outcome, the collective wrappers go: they exist only
+    to trigger it."""
+    if group_check.pending() is None:
+        return
+    try:
+        group_check.run(trigger, chosen)
+    finally:
+        _disarm_collectives()
+
+
 def _set_device(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def set_device(device: Any) -> Any:
@@ -61,7 +72,7 @@ def _set_device(original: Callable[..., Any]) -> Callable[..., Any]:
             if group_check.pending() is not None:
                 # after init: the rank meets the others on this device (a bad index is published first, so
                 # every rank stops, naming it)
-                group_check.run("torch.cuda.set_device after init_process_group", group_check.Chosen(index, call))
+                _check_group("torch.cuda.set_device after init_process_group", group_check.Chosen(index, call))
             else:
                 device_index.check_index(index, call)
             group_check.note_set_device(index)
@@ -87,10 +98,10 @@ def _init_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
             device_id = kwargs.get("device_id")
             index = device_index.index_of(device_id) if device_id is not None else None
             if index is not None:
-                group_check.run("init_process_group(device_id=...)",
+                _check_group("init_process_group(device_id=...)",
                                 group_check.Chosen(index, f"init_process_group(device_id={device_id!r})"))
             elif group_check.torch_cannot_build_nccl_here():
-                group_check.run("init_process_group (this torch sees no CUDA device, so torch's NCCL group "
+                _check_group("init_process_group (this torch sees no CUDA device, so torch's NCCL group "
                                 "would fail inside init)")
         return original(**kwargs)
     return init_process_group
@@ -101,7 +112,7 @@ def _before_wrapping(what: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
-            group_check.run(f"{what} construction")
+            _check_group(f"{what} construction")
             if _flag("GPUGUARD_GUARD"):
                 from ..tensor_devices import guard
                 guard(module, deep=True)
@@ -114,8 +125,7 @@ def _collective(name: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            group_check.run(f"the first collective (torch.distributed.{name})")
-            _disarm_collectives()
+            _check_group(f"the first collective (torch.distributed.{name})")
             return original(*args, **kwargs)
         return collective
     return make
