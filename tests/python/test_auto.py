@@ -231,13 +231,16 @@ ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False,
 @ray.remote
 class Worker:
     def init(self, port):
+        import sys
+        before = {m: m in sys.modules for m in ("_gpuguard_autostart", "gpuguard.ray", "torch", "gpuguard._C")}
         import torch, torch.distributed as dist   # the actor's own imports; nothing of gpuguard
         try:
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}",
                                     rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
         except Exception as exc:
-            return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
-        return {"type": None}
+            return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
+                    "before": before}
+        return {"type": None, "before": before}
 
 def group(name, num_gpus, port):
     actors = [Worker.options(num_gpus=num_gpus, runtime_env={"env_vars": {
@@ -256,6 +259,9 @@ def test_d_ray_actors_with_a_third_of_a_gpu_each_all_raise(fake_gpus):
     env.pop("GPUGUARD")  # only the setup hook switches it on here
     proc = run_python(code, env, timeout=300)
     got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for r in got["colocated"] + got["whole"]:  # the hook ran and loaded nothing but the standard library
+        assert r["before"] == {"_gpuguard_autostart": True, "gpuguard.ray": True, "torch": False,
+                               "gpuguard._C": False}, r
     for r in got["colocated"]:
         assert (r["module"], r["type"]) == ("gpuguard.errors", "DuplicateDeviceError"), r
         assert "3 ranks of group 'colocated' share 1 GPU" in r["message"]
