@@ -389,3 +389,57 @@ def test_first_collective_or_ddp_runs_the_check_once(fake_gpus, tmp_path, mode, 
                                 f"init_process_group, or pass device_id= to it."]
     if mode == "collective":  # the trigger is gone once it fired: no wrapper left on the hot path
         assert all(got["collective_unwrapped"] for got in ranks.values())
+
+
+# ---- Ray actor restarts meet their peers again ------------------------------------------------------------------
+
+RAY_RESTART = """
+import json, os, ray
+ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+         runtime_env={"worker_process_setup_hook": "gpuguard.ray.setup"})
+
+@ray.remote(num_gpus=1, max_restarts=1, max_task_retries=0)
+class Worker:
+    def init(self, port):
+        import torch, torch.distributed as dist
+        try:
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=int(os.environ["RANK"]), world_size=2)
+        except Exception as exc:  # torch's own NCCL init on this GPU-less torch, once gpuguard passed
+            return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)[:300]}
+        return {"type": None}
+
+    def pid(self):
+        return os.getpid()
+
+actors = [Worker.options(runtime_env={"env_vars": {"RANK": str(r), "WORLD_SIZE": "2", "GPUGUARD_GROUP": "restart",
+          "GPUGUARD_TIMEOUT": "30"}}).remote() for r in range(2)]
+first = ray.get([a.init.remote(PORT1) for a in actors])
+old = ray.get(actors[1].pid.remote())
+ray.kill(actors[1], no_restart=False)          # Ray restarts it (max_restarts=1): a new process, same rank
+import time
+deadline = time.monotonic() + 120
+new = old
+while new == old and time.monotonic() < deadline:  # until the restarted process answers
+    try:
+        new = ray.get(actors[1].pid.remote(), timeout=60)
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+        time.sleep(0.5)
+second = ray.get([a.init.remote(PORT2) for a in actors])   # both ranks check again, the restarted one too
+print(json.dumps({"first": first, "second": second, "restarted": new != old}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_ray_actor_restarted_by_max_restarts_meets_its_peers_again(fake_gpus):
+    code = RAY_RESTART.replace("PORT1", str(free_port())).replace("PORT2", str(free_port()))
+    env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
+    env.pop("GPUGUARD")
+    proc = run_python(code, env, timeout=300)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["restarted"]
+    # a GPU each, both rounds: gpuguard's check passes (a RendezvousTimeoutError here is the restarted actor
+    # reading its own first round again while its peer waits in the second)
+    for r in got["first"] + got["second"]:
+        assert "gpuguard" not in (r.get("module") or ""), r
