@@ -113,6 +113,20 @@ def test_set_device_with_the_global_rank_names_ranks_and_variables(fake_gpus):
     assert "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))" in proc.stderr
 
 
+def test_module_to_a_device_this_process_cannot_see(fake_gpus):
+    env = auto_env(fake_gpus.env("h100x4", visible="2,3"), RANK="3", WORLD_SIZE="4", LOCAL_RANK="1",
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    proc = run_python("""
+        import torch
+        torch.nn.Linear(2, 2).to("meta")               # not CUDA: untouched
+        torch.nn.Linear(2, 2).to(torch.device("cuda", 3))
+    """, env, check=False)
+    assert "RankMappingError: Linear.to(device(type='cuda', index=3)) asks for cuda:3, but this process on " \
+        in proc.stderr
+    assert "sees 2 GPUs (cuda:0..cuda:1; CUDA_VISIBLE_DEVICES=2,3)" in proc.stderr
+    assert "3 equals the global rank" in proc.stderr and "(1: cuda:1)" in proc.stderr
+
+
 # ---- (a) two torchrun agents, set_device(dist.get_rank()) after init ------------------------------------------
 
 RANK_AS_DEVICE = """

@@ -2,7 +2,8 @@
 
 ``enable()`` wraps a few public torch entry points and ``disable()`` puts every one of them back:
 
-- ``torch.cuda.set_device(n)``: n checked against the GPUs this process sees, before torch (device_index);
+- ``torch.cuda.set_device(n)``, ``module.to("cuda:n")``: n checked against the GPUs this process sees, before
+  torch (device_index);
 - ``torch.distributed.init_process_group``: NCCL-backed groups get bind()'s cross-rank duplicate check, once,
   before their first communicator (group_check), triggered by ``device_id=``, ``set_device`` after init,
   DDP/FSDP construction or the first collective (those wrappers are removed once the check ran);
@@ -78,6 +79,20 @@ def _set_device(original: Callable[..., Any]) -> Callable[..., Any]:
             group_check.note_set_device(index)
         return original(device)
     return set_device
+
+
+def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``model.to("cuda:n")`` / ``model.to(torch.device("cuda", n))``: the same index check as set_device (not
+    Tensor.to, which runs on every step: its cost would not be zero)."""
+    @functools.wraps(original)
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device = args[0] if args else kwargs.get("device")
+        if device is not None and not isinstance(device, int):  # an int is a dtype-less index only in Tensor.to
+            index = device_index.index_of(device)
+            if index is not None and index >= 0:
+                device_index.check_index(index, f"{type(self).__name__}.to({device!r})")
+        return original(self, *args, **kwargs)
+    return to
 
 
 def _init_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -178,6 +193,7 @@ def enable(origin: str = "gpuguard.auto.enable()") -> None:
         import torch.distributed as dist
 
         _patches.replace(torch.cuda, "set_device", _set_device)
+        _patches.replace(torch.nn.Module, "to", _module_to)
         if dist.is_available():
             _patches.replace(dist, "init_process_group", _init_process_group)
         _enrich.install(_patches)
