@@ -104,6 +104,8 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+if "torch" in sys.modules:  # torch is there anyway: load the core now, so that a build for another torch fails
+    importlib.import_module("._load_core", __name__).load()  # at import, as it always did
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The gpuguard command line: `gpuguard devices | doctor | explain | check`, each with --json."""
+"""The gpuguard command line: `gpuguard devices | doctor | explain | check | run`, each with --json."""
 
 from __future__ import annotations
 
@@ -98,6 +98,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from .auto.run_command import run
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    return run(cmd, args.json_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuguard",
@@ -153,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-gpu", action="store_true", help="fail instead of binding the CPU when no GPU is visible")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("run", help="run a job unchanged with every gpuguard check on (GPUGUARD=1)",
+                       description="Runs CMD with GPUGUARD=1: every Python process of the job arms gpuguard's "
+                                   "checks when it imports torch (set_device indices, NCCL groups sharing a GPU, "
+                                   "device mismatches), e.g. `gpuguard run -- torchrun --nproc_per_node 8 "
+                                   "train.py`. Exit status: the command's.")
+    p.add_argument("--json-report", metavar="FILE", help="write every rank's binding and verdict to FILE (JSON)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...", help="the job's command")
+    p.set_defaults(func=cmd_run)
 
     return parser
 

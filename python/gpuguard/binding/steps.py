@@ -30,7 +30,7 @@ from ..deadline import Deadline
 from ..devices import cuda_status, devices
 from ..errors import GpuGuardError, GpuGuardWarning, RankMappingError
 from ..group_name import is_group_name
-from ..placement import (RankIdentity, exchange, find_store, raise_for, run_namespace,
+from ..placement import (RankIdentity, exchange, find_store, namespace_for, raise_for,
                          verify_nccl_across_ranks)
 from .binding import Binding
 from .cuda_state import check_cuda_state, earlier_initialisation
@@ -150,7 +150,7 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
         if me.failure_kind is None and verify_nccl:
             raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
         return
-    namespace = run_namespace(me.group)
+    namespace = namespace_for(found, me.group, me.rank)
     started = time.monotonic()
     verdict = exchange(found, me, namespace=namespace, deadline=deadline)
     logger.debug("gpuguard: cross-rank check of group %r (%d ranks): %s in %.3f s", me.group, me.world_size,

@@ -88,6 +88,18 @@ def run_namespace(group: str) -> str:
     return f"gpuguard/{PROTOCOL}/{key_part(group)}/{key_part(run_id)}/{key_part(restart)}/{call}"
 
 
+def namespace_for(store: Store, group: str, rank: int) -> str:
+    """The namespace of this rank's next check through ``store``. A store that outlives the processes using it
+    (the Ray rendezvous actor, which an actor restarted by Ray's ``max_restarts`` finds again) counts the calls
+    per rank itself, so a restarted actor's next check is its peers' next check, not its own first one again
+    (a per-process count would restart at 0 and read the verdict of the round it already took part in)."""
+    if not getattr(store, "outlives_ranks", False):
+        return run_namespace(group)
+    base = f"gpuguard/{PROTOCOL}/{key_part(group)}/persistent"
+    call = CheckedStore(store, base).add(f"calls/{rank}", 1) - 1
+    return f"{base}/{call}"
+
+
 # ---- verdicts the exchange composes ------------------------------------------------------------------------
 
 def publish(store: CheckedStore, key: str, verdict: Verdict) -> Verdict:

@@ -4,5 +4,6 @@ package never imports Ray; each module does so only when called."""
 
 from .placement import RayPlacement, ray_placement
 from .report import PlacementReport
+from .setup_hook import setup
 
-__all__ = ["PlacementReport", "RayPlacement", "ray_placement"]
+__all__ = ["PlacementReport", "RayPlacement", "ray_placement", "setup"]

@@ -219,6 +219,10 @@ class RayStore:
     A deadline that passes raises ``RendezvousTimeoutError`` naming the keys still missing.
     """
 
+    #: The actor outlives the ranks' processes (an actor restarted by Ray meets the same store): the exchange
+    #: then counts checks per rank in the store (``placement.exchange.namespace_for``).
+    outlives_ranks = True
+
     def __init__(self, group: str, *, timeout: float = 300.0, job_id: Optional[str] = None,
                  create: bool = True) -> None:
         self.group = group

@@ -1,0 +1,227 @@
+"""gpuguard.auto: every gpuguard check on a job nobody edited (``gpuguard run``, ``GPUGUARD=1``, the Ray hook).
+
+``enable()`` wraps a few public torch entry points and ``disable()`` puts every one of them back:
+
+- ``torch.cuda.set_device(n)``, ``module.to("cuda:n")``: n checked against the GPUs this process sees, before
+  torch (device_index);
+- ``torch.distributed.init_process_group``: NCCL-backed groups get bind()'s cross-rank duplicate check, once,
+  before their first communicator (group_check), triggered by ``device_id=``, ``set_device`` after init,
+  DDP/FSDP construction or the first collective (those wrappers are removed once the check ran);
+- ``sys.excepthook`` / ``threading.excepthook``: a device-mismatch RuntimeError gets gpuguard's report (enrich);
+- with ``GPUGUARD_GUARD=1``, ``guard(deep=True)`` on every module given to DDP/FSDP.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from . import device_index, enrich as _enrich, group_check
+from .patches import Patches
+
+if TYPE_CHECKING:
+    from ..watchdog import Watch
+
+__all__ = ["disable", "enable", "enrich", "is_enabled"]
+
+_patches = Patches()
+_lock = threading.Lock()
+_enabled = False
+_announced = False
+_watch: Optional["Watch"] = None  # the watchdog GPUGUARD_WATCH=1 started
+
+#: torch.distributed calls that use the default group's communicator: the first one runs the pending check.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast",
+               "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+               "all_to_all_single", "barrier", "gather", "scatter", "send", "recv", "isend", "irecv",
+               "batch_isend_irecv")
+
+
+def enrich(exc: BaseException) -> bool:
+    """Attaches gpuguard's report to a device-mismatch exception the caller caught (a framework that reports
+    exceptions itself, e.g. Ray, never reaches sys.excepthook); True when a report was attached."""
+    return _enrich.enrich(exc)
+
+
+def is_enabled() -> bool:
+    return _enabled
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# ---- the wrappers ------------------------------------------------------------------------------------------
+
+def _check_group(trigger: str, chosen: Optional[group_check.Chosen] = None) -> None:
+    """Runs the pending group check (once); whatever its outcome, the collective wrappers go: they exist only
+    to trigger it."""
+    if group_check.pending() is None:
+        return
+    try:
+        group_check.run(trigger, chosen)
+    finally:
+        _disarm_collectives()
+
+
+def _set_device(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def set_device(device: Any) -> Any:
+        index = device_index.index_of(device)
+        if index is not None and index >= 0:
+            call = f"torch.cuda.set_device({device!r})"
+            if group_check.pending() is not None:
+                # after init: the rank meets the others on this device (a bad index is published first, so
+                # every rank stops, naming it)
+                _check_group("torch.cuda.set_device after init_process_group", group_check.Chosen(index, call))
+            else:
+                device_index.check_index(index, call)
+            group_check.note_set_device(index)
+        return original(device)
+    return set_device
+
+
+def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``model.to("cuda:n")`` / ``model.to(torch.device("cuda", n))``: the same index check as set_device (not
+    Tensor.to, which runs on every step: its cost would not be zero)."""
+    @functools.wraps(original)
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device = args[0] if args else kwargs.get("device")
+        if device is not None and not isinstance(device, int):  # an int is a dtype-less index only in Tensor.to
+            index = device_index.index_of(device)
+            if index is not None and index >= 0:
+                device_index.check_index(index, f"{type(self).__name__}.to({device!r})")
+        return original(self, *args, **kwargs)
+    return to
+
+
+def _init_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        try:
+            kwargs = dict(signature.bind_partial(*args, **kwargs).arguments)
+        except TypeError:
+            return original(*args, **kwargs)  # let torch say what is wrong with the arguments
+        extra = kwargs.pop("kwargs", None)
+        if isinstance(extra, dict):
+            kwargs.update(extra)
+        check = group_check.before_init(kwargs, kwargs.get("backend"))
+        if check is not None:
+            _arm_triggers()
+            device_id = kwargs.get("device_id")
+            index = device_index.index_of(device_id) if device_id is not None else None
+            if index is not None:
+                _check_group("init_process_group(device_id=...)",
+                                group_check.Chosen(index, f"init_process_group(device_id={device_id!r})"))
+            elif group_check.torch_cannot_build_nccl_here():
+                _check_group("init_process_group (this torch sees no CUDA device, so torch's NCCL group "
+                                "would fail inside init)")
+        return original(**kwargs)
+    return init_process_group
+
+
+def _before_wrapping(what: str) -> Callable[[Any], Any]:
+    """A wrapper of a module class's __init__ that runs the pending check first (and guard() if asked)."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+            _check_group(f"{what} construction")
+            if _flag("GPUGUARD_GUARD"):
+                from ..tensor_devices import guard
+                guard(module, deep=True)
+            return original(self, module, *args, **kwargs)
+        return __init__
+    return make
+
+
+def _collective(name: str) -> Callable[[Any], Any]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            _check_group(f"the first collective (torch.distributed.{name})")
+            return original(*args, **kwargs)
+        return collective
+    return make
+
+
+def _arm_triggers() -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    for name in COLLECTIVES:
+        _patches.replace(dist, name, _collective(name))
+    _patches.replace(DistributedDataParallel, "__init__", _before_wrapping("DistributedDataParallel"))
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - a torch without FSDP
+        return
+    _patches.replace(FullyShardedDataParallel, "__init__", _before_wrapping("FullyShardedDataParallel"))
+
+
+def _disarm_collectives() -> None:
+    import torch.distributed as dist
+
+    for name in COLLECTIVES:
+        _patches.put_back(dist, name)
+
+
+# ---- switching it on and off -------------------------------------------------------------------------------
+
+def _announce(origin: str) -> None:
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    context = device_index.launch_context()
+    who = (f"rank {context.rank}/{context.world_size} ({context.launcher})" if context is not None
+           else "launcher variables unreadable")
+    extras = " + guard(deep=True) on DDP/FSDP modules" if _flag("GPUGUARD_GUARD") else ""
+    if _watch is not None:
+        extras += " + a collective watchdog (GPUGUARD_WATCH)"
+    sys.stderr.write(f"gpuguard: active (auto) pid {os.getpid()}, {who}, via {origin}: checking set_device, "
+                     f"NCCL groups, device mismatches{extras}\n")
+    sys.stderr.flush()
+
+
+def enable(origin: str = "gpuguard.auto.enable()") -> None:
+    """Installs the lazy checks (idempotent). Imports torch, never initialises CUDA."""
+    global _enabled
+    with _lock:
+        if _enabled:
+            return
+        import torch
+        import torch.distributed as dist
+
+        _patches.replace(torch.cuda, "set_device", _set_device)
+        _patches.replace(torch.nn.Module, "to", _module_to)
+        if dist.is_available():
+            _patches.replace(dist, "init_process_group", _init_process_group)
+        _enrich.install(_patches)
+        global _watch
+        from ..watchdog import watch_from_environment
+
+        _watch = watch_from_environment()  # GPUGUARD_WATCH=1: the collective watchdog, started before any group
+        _enabled = True
+    _announce(origin)
+
+
+def disable() -> None:
+    """Puts back every torch attribute enable() replaced, and forgets any pending group check."""
+    global _enabled
+    global _watch
+    with _lock:
+        _patches.restore()
+        group_check.reset()
+        if _watch is not None:
+            _watch.stop()
+            _watch = None
+        _enabled = False
+    finder = sys.modules.get("_gpuguard_autostart")
+    if finder is not None:
+        finder.uninstall()

@@ -1,0 +1,215 @@
+"""The cross-rank duplicate check of an NCCL-backed default group, run once, before its first communicator.
+
+``init_process_group`` (patched) decides where the ranks meet and when the check runs:
+
+- with ``device_id=``, or when this torch cannot build an NCCL group here at all (it sees no CUDA device, so
+  its own init would fail at once), at once, before torch's init;
+- otherwise after torch's init, at the first of: ``torch.cuda.set_device`` after init, DDP/FSDP
+  construction, the first collective. Only then is the user's device known, and NCCL still has no
+  communicator (it forms one lazily, at the first collective or at ``device_id=``).
+
+The ranks meet through the store init creates (the default group's store), torchrun's agent store or, before
+torch's init, the TCPStore env:// would create (then handed to torch as ``store=``); inside Ray, through the
+group's rendezvous actor. The exchange, the verdict and the group rules are bind()'s
+(``placement.exchange``, ``placement.raise_for``); gloo-only groups are never checked for sharing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .. import _C
+from ..deadline import Deadline
+from ..devices import devices
+from ..errors import DuplicateDeviceError, GpuGuardError
+from ..binding.launchers import LaunchContext, detect
+from ..placement import RankIdentity, exchange, find_store, namespace_for, raise_for
+from ..placement.stores import env_store_for_init
+from .device_index import mapping_error, visible_gpu_count
+from . import json_report
+
+#: Seconds the whole check may take (all ranks arriving included); GPUGUARD_TIMEOUT overrides.
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def check_timeout() -> float:
+    raw = os.environ.get("GPUGUARD_TIMEOUT", "")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise GpuGuardError(f"GPUGUARD_TIMEOUT={raw!r}: give the seconds the cross-rank check may wait, e.g. 120",
+                            variable="GPUGUARD_TIMEOUT") from None
+    if not value > 0:
+        raise GpuGuardError(f"GPUGUARD_TIMEOUT={raw!r}: give a positive number of seconds",
+                            variable="GPUGUARD_TIMEOUT")
+    return value
+
+
+def nccl_backed(backend: Any) -> bool:
+    """Whether a group built with ``backend`` uses NCCL ("nccl", "cuda:nccl,cpu:gloo", or the default, which is
+    NCCL for CUDA tensors on a CUDA build of torch)."""
+    if backend is None:
+        import torch.distributed as dist
+
+        return bool(dist.is_nccl_available())
+    return "nccl" in str(backend).lower()
+
+
+@dataclass
+class Chosen:
+    """The CUDA device this process uses, and how it came to use it (said in the report)."""
+
+    index: int
+    how: str
+
+
+@dataclass
+class GroupCheck:
+    """The one pending check of this process's default group."""
+
+    context: LaunchContext
+    group: str
+    store: Any  # None: find it when the check runs (the default group's store, after init)
+    done: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_state_lock = threading.Lock()
+_pending: Optional[GroupCheck] = None
+_chosen: Optional[Chosen] = None
+
+
+def reset() -> None:
+    global _pending, _chosen
+    with _state_lock:
+        _pending, _chosen = None, None
+
+
+def note_set_device(index: int) -> None:
+    global _chosen
+    _chosen = Chosen(index, f"torch.cuda.set_device({index})")
+
+
+def current_choice() -> Chosen:
+    if _chosen is not None:
+        return _chosen
+    import torch
+
+    index = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
+    return Chosen(index, f"set_device was never called, so this rank uses the current device, cuda:{index}, "
+                         f"as every rank that never calls it does")
+
+
+def pending() -> Optional[GroupCheck]:
+    check = _pending
+    return check if check is not None and not check.done else None
+
+
+# ---- init_process_group --------------------------------------------------------------------------------
+
+def before_init(kwargs: dict[str, Any], backend: Any) -> Optional[GroupCheck]:
+    """Prepares the check of the group about to be initialised (adding ``store=`` to ``kwargs`` where gpuguard
+    creates the env:// store itself); returns it, or None when the group is not checked."""
+    global _pending
+    if not nccl_backed(backend):
+        return None
+    context = detect()
+    if context.world_size <= 1:
+        return None
+    group = context.group or "default"
+    store = kwargs.get("store")
+    from ..ray.store import RayStore, in_ray_worker
+
+    if in_ray_worker():
+        store = RayStore(group)
+    elif store is None and kwargs.get("init_method") in (None, "env://"):
+        rank = kwargs.get("rank", -1)
+        world_size = kwargs.get("world_size", -1)
+        rank = context.rank if rank in (None, -1) else rank
+        world_size = context.world_size if world_size in (None, -1) else world_size
+        created = env_store_for_init(rank, world_size, float(kwargs.get("timeout").total_seconds())
+                                     if kwargs.get("timeout") is not None else 1800.0)
+        if created is not None:
+            kwargs.pop("init_method", None)
+            kwargs.update(store=created, rank=rank, world_size=world_size)
+            store = created
+        else:  # torchrun's agent store, found by find_store
+            store = find_store(None, group=group, world_size=context.world_size,
+                               deadline=Deadline(check_timeout()))
+    check = GroupCheck(context=context, group=group, store=store)
+    with _state_lock:
+        _pending = check
+    return check
+
+
+def torch_cannot_build_nccl_here() -> bool:
+    import torch
+
+    return torch.cuda.device_count() == 0
+
+
+def run(trigger: str, chosen: Optional[Chosen] = None) -> None:  # noqa: D401
+    """Runs the pending check once (every later call returns at once)."""
+    check = pending()
+    if check is None:
+        return
+    with check.lock:
+        if check.done:
+            return
+        check.done = True
+        _run(check, trigger, chosen or current_choice())
+
+
+def _identity(check: GroupCheck, chosen: Chosen, failure: Optional[GpuGuardError]) -> RankIdentity:
+    context = check.context
+    found = devices()
+    device = found[chosen.index] if failure is None and 0 <= chosen.index < len(found) else None
+    share = context.extra.get("ray_gpu_share")
+    ray_ids = context.extra.get("ray_gpu_ids")
+    return RankIdentity(
+        rank=context.rank, world_size=context.world_size, group=check.group,
+        local_rank=context.local_rank if context.local_rank is not None else -1,
+        local_world_size=context.local_world_size if context.local_world_size is not None else -1,
+        host_hash=_C.host_fingerprint().hash, hostname=socket.gethostname(),
+        gpu_uuid=device.uuid if device else "", pci_bus_id=device.pci_bus_id if device else "",
+        gpu_index=device.index if device else -1, pid=os.getpid(),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), visible_device_count=len(found),
+        launcher=context.launcher, multi_rank_gpu_enabled=os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1",
+        gpu_fraction=float(share) if isinstance(share, (int, float)) and 0 < float(share) else None,
+        ray_gpu_ids=",".join(str(i) for i in ray_ids) if isinstance(ray_ids, (list, tuple)) else str(ray_ids or ""),
+        failure_kind=None if failure is None else type(failure).__name__,
+        failure_text="" if failure is None else str(failure))
+
+
+def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
+    deadline = Deadline(check_timeout())
+    failure: Optional[GpuGuardError] = None
+    n = visible_gpu_count()
+    if n and not 0 <= chosen.index < n:
+        failure = mapping_error(chosen.index, n, chosen.how, check.context)
+    me = _identity(check, chosen, failure)
+    store = check.store or find_store(None, group=check.group, world_size=me.world_size, deadline=deadline)
+    verdict = exchange(store, me, namespace=namespace_for(store, check.group, me.rank), deadline=deadline)
+    record: Callable[[str, str], None] = lambda kind, message: json_report.write(
+        check.context, check.group, chosen.index, chosen.how, trigger, kind, message)
+    if failure is not None:
+        record(type(failure).__name__, str(failure))
+        raise failure
+    try:
+        raise_for(verdict, me)
+    except DuplicateDeviceError as exc:
+        note = f"gpuguard (auto, at {trigger}): rank {me.rank} is on cuda:{chosen.index} because {chosen.how}."
+        if _chosen is None and check.context.launcher != "ray":
+            note += (" Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, or "
+                     "pass device_id= to it.")
+        exc.add_note(note)
+        record(type(exc).__name__, f"{exc}\n{chosen.how}")
+        raise
+    except GpuGuardError as exc:
+        record(type(exc).__name__, str(exc))
+        raise
+    record(verdict.kind, verdict.message)

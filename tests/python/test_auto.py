@@ -1,0 +1,459 @@
+"""The zero-code mode (gpuguard.auto): unmodified scripts under GPUGUARD=1 / `gpuguard run` / the Ray setup
+hook, run with real torchrun and real Ray on the fake driver, stopped with gpuguard's report on every rank.
+
+The .pth is read as an installed gpuguard's site-packages would be: tests/python/auto_site/sitecustomize.py
+calls ``site.addsitedir`` on the source tree's python/ folder, which holds gpuguard_auto.pth beside the
+package. torch here cannot build an NCCL group (no CUDA device for torch), so an NCCL group's check runs
+inside init_process_group, before torch's NCCL code; on a job that is right, the error that follows is
+torch's own, never gpuguard's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_python
+from test_bind import scrubbed
+
+SITE_HOOK = ROOT / "tests" / "python" / "auto_site"
+ACTIVE = "gpuguard: active (auto)"
+
+
+def auto_env(env: dict[str, str], **extra: str) -> dict[str, str]:
+    """``env`` with the installed-package start-up path (the .pth) and GPUGUARD=1."""
+    env = scrubbed(dict(env))
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE_HOOK), env.get("PYTHONPATH", str(ROOT / "python"))])
+    env["GPUGUARD_TEST_SITE"] = str(ROOT / "python")
+    env["GPUGUARD"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write(tmp_path: Path, name: str, code: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return path
+
+
+# ---- switching it on ----------------------------------------------------------------------------------------
+
+STARTUP_PROBE = """
+import json, sys
+before = {m: m in sys.modules for m in ("_gpuguard_autostart", "torch", "gpuguard")}
+import torch
+after = {"gpuguard.auto": "gpuguard.auto" in sys.modules}
+if after["gpuguard.auto"]:
+    import gpuguard.auto
+    after["enabled"] = gpuguard.auto.is_enabled()
+    after["set_device_wrapped"] = torch.cuda.set_device.__code__.co_filename != torch.cuda.__file__
+    gpuguard.auto.disable()
+    after["restored"] = (torch.cuda.set_device.__code__.co_filename == torch.cuda.__file__
+                         and torch.distributed.init_process_group is
+                         torch.distributed.distributed_c10d.init_process_group
+                         and sys.excepthook is sys.__excepthook__)
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@pytest.mark.parametrize("value", [None, "0", ""])
+def test_unset_or_zero_loads_nothing(fake_gpus, value):
+    env = auto_env(fake_gpus.env("h100x4"))
+    env.pop("GPUGUARD")
+    if value is not None:
+        env["GPUGUARD"] = value
+    proc = run_python(STARTUP_PROBE, env)
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got == {"before": {"_gpuguard_autostart": False, "torch": False, "gpuguard": False},
+                   "after": {"gpuguard.auto": False}}
+    assert ACTIVE not in proc.stderr
+
+
+def test_gpuguard_1_arms_at_torch_import_and_disable_restores(fake_gpus):
+    proc = run_python(STARTUP_PROBE, auto_env(fake_gpus.env("h100x4")))
+    got = json.loads(proc.stdout.splitlines()[-1])
+    # the .pth loaded only the standard-library hook: neither torch nor gpuguard before the job imports torch
+    assert got["before"] == {"_gpuguard_autostart": True, "torch": False, "gpuguard": False}
+    assert got["after"] == {"gpuguard.auto": True, "enabled": True, "set_device_wrapped": True, "restored": True}
+    assert proc.stderr.count(ACTIVE) == 1
+
+
+SET_DEVICE = """
+import torch
+torch.cuda.set_device(5)
+"""
+
+
+def test_set_device_with_the_global_rank_names_ranks_and_variables(fake_gpus):
+    # rank 5 of 2 nodes x 5 GPUs seen from a 4-GPU host: local rank 1 on node 1 (torchrun's variables)
+    env = auto_env(fake_gpus.env("h100x4"), TORCHELASTIC_RUN_ID="r", RANK="5", WORLD_SIZE="8", LOCAL_RANK="1",
+                   LOCAL_WORLD_SIZE="4", GROUP_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    proc = run_python(SET_DEVICE, env, check=False)
+    assert proc.returncode == 1
+    assert "gpuguard.errors.RankMappingError: torch.cuda.set_device(5) asks for cuda:5, but this process on " in \
+        proc.stderr
+    assert "sees 4 GPUs (cuda:0..cuda:3; CUDA_VISIBLE_DEVICES unset); CUDA would stop with 'invalid device " \
+           "ordinal'" in proc.stderr
+    assert "global rank 5 (RANK), local rank 1 (LOCAL_RANK)" in proc.stderr
+    assert "5 equals the global rank" in proc.stderr and "on node 1 the device is the local rank (1: cuda:1)" \
+        in proc.stderr
+    assert "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))" in proc.stderr
+
+
+def test_module_to_a_device_this_process_cannot_see(fake_gpus):
+    env = auto_env(fake_gpus.env("h100x4", visible="2,3"), RANK="3", WORLD_SIZE="4", LOCAL_RANK="1",
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    proc = run_python("""
+        import torch
+        torch.nn.Linear(2, 2).to("meta")               # not CUDA: untouched
+        torch.nn.Linear(2, 2).to(torch.device("cuda", 3))
+    """, env, check=False)
+    assert "RankMappingError: Linear.to(device(type='cuda', index=3)) asks for cuda:3, but this process on " \
+        in proc.stderr
+    assert "sees 2 GPUs (cuda:0..cuda:1; CUDA_VISIBLE_DEVICES=2,3)" in proc.stderr
+    assert "3 equals the global rank" in proc.stderr and "(1: cuda:1)" in proc.stderr
+
+
+# ---- (a) two torchrun agents, set_device(dist.get_rank()) after init ------------------------------------------
+
+RANK_AS_DEVICE = """
+import json, os, sys, traceback
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+try:
+    torch.cuda.set_device(dist.get_rank())
+    out = {"type": None}
+except Exception as exc:
+    out = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
+with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+@pytest.mark.slow
+def test_a_two_torchrun_agents_global_rank_as_device(fake_gpus, tmp_path):
+    script = write(tmp_path, "train.py", RANK_AS_DEVICE)
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+    agents = []
+    for node, visible in ((0, "0,1"), (1, "2,3")):  # one host, two "nodes" of 2 GPUs each
+        env = auto_env(fake_gpus.env("h100x4", visible=visible))
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
+             f"--node_rank={node}", "--rdzv_backend=static", "--master_addr=127.0.0.1", f"--master_port={port}",
+             str(script), str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    logs = [a.communicate(timeout=240) for a in agents]
+    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    assert sorted(ranks) == [0, 1, 2, 3], logs
+    for r in (2, 3):
+        got = ranks[r]
+        assert (got["module"], got["type"]) == ("gpuguard.errors", "RankMappingError"), got
+        msg = got["message"]
+        assert f"torch.cuda.set_device({r}) asks for cuda:{r}" in msg
+        assert "sees 2 GPUs (cuda:0..cuda:1; CUDA_VISIBLE_DEVICES=2,3)" in msg
+        assert f"global rank {r} (RANK), local rank {r - 2} (LOCAL_RANK)" in msg
+        assert f"{r} equals the global rank" in msg and f"on node 1 the device is the local rank ({r - 2}: " \
+               f"cuda:{r - 2})" in msg
+    for r in (0, 1):  # right index: gpuguard lets torch's set_device run (this torch has no GPU to set)
+        assert ranks[r]["type"] != "RankMappingError" and "gpuguard" not in ranks[r].get("module", ""), ranks[r]
+    for _, stderr in logs:
+        assert stderr.count(ACTIVE) == 3  # the agent and its two workers: one line each
+
+
+# ---- (b), (c) NCCL groups sharing a GPU under torchrun ----------------------------------------------------------
+
+NCCL_JOB = """
+import os, sys
+import torch, torch.distributed as dist
+if os.environ.get("DEVICE_ID"):  # the right job: each rank names its own GPU
+    dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+else:
+    dist.init_process_group("nccl")
+dist.all_reduce(torch.ones(1))
+"""
+
+
+def torchrun_auto(fake_gpus, tmp_path, topology: str, nproc: int, **extra: str):
+    script = write(tmp_path, "train.py", NCCL_JOB)
+    report = tmp_path / "report.json"
+    env = auto_env(fake_gpus.env(topology), **extra)
+    env.pop("GPUGUARD")  # `gpuguard run` sets it
+    proc = subprocess.run([sys.executable, "-m", "gpuguard", "run", "--json-report", str(report), "--",
+                           sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", str(script)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    return proc, json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_b_two_ranks_on_a_one_gpu_host_both_stop_with_duplicate(fake_gpus, tmp_path):
+    proc, report = torchrun_auto(fake_gpus, tmp_path, "h100x1", 2)
+    assert proc.returncode != 0
+    assert proc.stderr.count("gpuguard.errors.DuplicateDeviceError: 2 ranks of group 'default' share 1 GPU") == 2
+    assert "Fix: start at most 1 process on" in proc.stderr and "(torchrun --nproc_per_node=1)" in proc.stderr
+    assert "nccl2 requires at least one CUDA device" not in proc.stderr  # stopped before torch's NCCL code
+    assert [(r["rank"], r["verdict"], r["device"]) for r in report["ranks"]] == \
+        [(0, "DuplicateDeviceError", "cuda:0"), (1, "DuplicateDeviceError", "cuda:0")]
+    assert report["exit_status"] == proc.returncode
+
+
+@pytest.mark.slow
+def test_c_four_ranks_never_calling_set_device_share_cuda0(fake_gpus, tmp_path):
+    proc, report = torchrun_auto(fake_gpus, tmp_path, "h100x4", 4)
+    assert proc.returncode != 0
+    assert proc.stderr.count("DuplicateDeviceError: 4 ranks of group 'default' share 1 GPU") == 4
+    for r in range(4):
+        assert f"rank {r} is on cuda:0 because set_device was never called" in proc.stderr
+    assert "Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group" in proc.stderr
+    assert {r["verdict"] for r in report["ranks"]} == {"DuplicateDeviceError"}
+    assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2, 3]
+    assert report["verdicts"] == {"DuplicateDeviceError": 4}
+
+
+@pytest.mark.slow
+def test_c_right_job_passes_the_check_with_one_line_per_process(fake_gpus, tmp_path):
+    proc, report = torchrun_auto(fake_gpus, tmp_path, "h100x4", 4, DEVICE_ID="1")
+    assert "gpuguard.errors" not in proc.stderr
+    assert proc.stderr.count(ACTIVE) == 5  # torchrun's agent and 4 workers
+    assert [(r["rank"], r["verdict"], r["device"]) for r in report["ranks"]] == \
+        [(r, "ok", f"cuda:{r}") for r in range(4)]
+    # what follows gpuguard's check is torch's own NCCL init (which this GPU-less torch cannot do): gpuguard
+    # raised nothing, the line per process is all it said
+
+
+# ---- (d) a verl-style Ray job through the setup hook ----------------------------------------------------------
+
+RAY_JOB = """
+import json, os, ray
+ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False,
+         runtime_env={"worker_process_setup_hook": "gpuguard.ray.setup"})
+
+@ray.remote
+class Worker:
+    def init(self, port):
+        import sys
+        before = {m: m in sys.modules for m in ("_gpuguard_autostart", "gpuguard.ray", "torch", "gpuguard._C")}
+        import torch, torch.distributed as dist   # the actor's own imports; nothing of gpuguard
+        try:
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        except Exception as exc:
+            return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
+                    "before": before}
+        return {"type": None, "before": before}
+
+def group(name, num_gpus, port):
+    actors = [Worker.options(num_gpus=num_gpus, runtime_env={"env_vars": {
+                  "RANK": str(r), "WORLD_SIZE": "3", "GPUGUARD_GROUP": name}}).remote() for r in range(3)]
+    return ray.get([a.init.remote(port) for a in actors])
+
+print(json.dumps({"colocated": group("colocated", 1 / 3, PORT1), "whole": group("whole", 1, PORT2)}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_d_ray_actors_with_a_third_of_a_gpu_each_all_raise(fake_gpus):
+    code = RAY_JOB.replace("PORT1", str(free_port())).replace("PORT2", str(free_port()))
+    env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
+    env.pop("GPUGUARD")  # only the setup hook switches it on here
+    proc = run_python(code, env, timeout=300)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for r in got["colocated"] + got["whole"]:  # the hook ran and loaded nothing but the standard library
+        assert r["before"] == {"_gpuguard_autostart": True, "gpuguard.ray": True, "torch": False,
+                               "gpuguard._C": False}, r
+    for r in got["colocated"]:
+        assert (r["module"], r["type"]) == ("gpuguard.errors", "DuplicateDeviceError"), r
+        assert "3 ranks of group 'colocated' share 1 GPU" in r["message"]
+        assert "Ray gave these actors 1/3 of a GPU each (num_gpus=1/3)" in r["message"]
+        assert "gpuguard.ray_placement(max_colocate=1) (verl: max_colocate_count=1)" in r["message"]
+    for r in got["whole"]:  # a GPU each: gpuguard passes; torch's NCCL init then fails on this GPU-less torch
+        assert "gpuguard" not in (r.get("module") or ""), r
+
+
+# ---- (e) a model split across meta and cpu, in a plain script ------------------------------------------------
+
+SPLIT_MODEL = """
+import os, torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.encoder(x)))
+
+model = Net()
+if os.environ.get("SPLIT"):
+    model.head.to("meta")
+print(tuple(model(torch.zeros(3, 4)).shape))
+"""
+
+
+def test_e_device_mismatch_crash_carries_the_named_parameters(fake_gpus):
+    proc = run_python(SPLIT_MODEL, auto_env(fake_gpus.env("h100x1"), SPLIT="1"), check=False)
+    assert proc.returncode == 1
+    err = proc.stderr
+    # the original exception, type and text unchanged, then gpuguard's report as its note
+    assert "RuntimeError: Tensor on device meta is not on the expected device cpu!" in err
+    assert "gpuguard: torch stopped in layer 'head' (Linear) of Net." in err
+    assert "meta: 2 parameters of Net: head.*" in err and "cpu: 2 parameters of Net: encoder.*" in err
+    assert "cpu: 1 input: tensors[0] (shape [3, 4], float32)" in err
+    assert err.index("RuntimeError: Tensor on device meta") < err.index("gpuguard: torch stopped")
+    assert err.count("gpuguard: torch stopped") == 1
+
+
+def test_e_right_model_runs_with_the_one_line(fake_gpus):
+    proc = run_python(SPLIT_MODEL, auto_env(fake_gpus.env("h100x1")))
+    assert proc.stdout.strip() == "(3, 2)"
+    assert proc.stderr.strip().splitlines() == [line for line in proc.stderr.strip().splitlines()
+                                                if line.startswith(ACTIVE)]
+    assert proc.stderr.count(ACTIVE) == 1
+
+
+# ---- the deferred check of an NCCL group, as on a CUDA build of torch -----------------------------------------
+# This torch cannot build an NCCL group (no CUDA device), so these scripts run a gloo group that gpuguard is told
+# to treat as NCCL on a torch that could build it: everything else (torchrun, its agent store, the exchange, the
+# triggers) is what a CUDA job goes through.
+
+DEFERRED = """
+import json, os, sys
+import torch, torch.distributed as dist
+import gpuguard.auto.group_check as group_check
+group_check.nccl_backed = lambda backend: True
+group_check.torch_cannot_build_nccl_here = lambda: False
+mode = sys.argv[2]
+dist.init_process_group("gloo")
+out = {"type": None}
+try:
+    if mode == "rank_as_device":
+        torch.cuda.set_device(dist.get_rank())
+    elif mode == "collective":
+        dist.all_reduce(torch.ones(1))
+    elif mode == "ddp":
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+except Exception as exc:
+    out = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
+           "notes": getattr(exc, "__notes__", [])}
+out["collective_unwrapped"] = dist.all_reduce is dist.distributed_c10d.all_reduce
+with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def torchrun_deferred(fake_gpus, tmp_path, mode: str, nodes: int, nproc: int):
+    script = write(tmp_path, "train.py", DEFERRED)
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+    agents = []
+    for node in range(nodes):
+        visible = ",".join(str(node * nproc + i) for i in range(nproc))
+        env = auto_env(fake_gpus.env("h100x4", visible=visible))
+        agents.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={nproc}",
+             f"--node_rank={node}", "--rdzv_backend=static", "--master_addr=127.0.0.1", f"--master_port={port}",
+             str(script), str(out), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    logs = [a.communicate(timeout=240) for a in agents]
+    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+    assert sorted(ranks) == list(range(nodes * nproc)), logs
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_nccl_set_device_after_init_stops_every_rank(fake_gpus, tmp_path):
+    ranks = torchrun_deferred(fake_gpus, tmp_path, "rank_as_device", nodes=2, nproc=2)
+    for r in (2, 3):
+        assert ranks[r]["type"] == "RankMappingError"
+        assert f"{r} equals the global rank" in ranks[r]["message"]
+    for r in (0, 1):  # their own index is right; they stop because a peer cannot bind, naming it
+        assert ranks[r]["type"] == "RankMappingError", ranks[r]
+        assert "could not bind a GPU, so every rank of group 'default' stops here" in ranks[r]["message"]
+        assert "equals the global rank" in ranks[r]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,trigger", [("collective", "the first collective (torch.distributed.all_reduce)"),
+                                          ("ddp", "DistributedDataParallel construction")])
+def test_first_collective_or_ddp_runs_the_check_once(fake_gpus, tmp_path, mode, trigger):
+    ranks = torchrun_deferred(fake_gpus, tmp_path, mode, nodes=1, nproc=2)
+    for r, got in ranks.items():
+        assert got["type"] == "DuplicateDeviceError", got
+        assert "2 ranks of group 'default' share 1 GPU" in got["message"]
+        assert got["notes"] == [f"gpuguard (auto, at {trigger}): rank {r} is on cuda:0 because set_device was never "
+                                f"called, so this rank uses the current device, cuda:0, as every rank that never "
+                                f"calls it does. Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before "
+                                f"init_process_group, or pass device_id= to it."]
+    if mode == "collective":  # the trigger is gone once it fired: no wrapper left on the hot path
+        assert all(got["collective_unwrapped"] for got in ranks.values())
+
+
+# ---- Ray actor restarts meet their peers again ------------------------------------------------------------------
+
+RAY_RESTART = """
+import json, os, ray
+ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+         runtime_env={"worker_process_setup_hook": "gpuguard.ray.setup"})
+
+@ray.remote(num_gpus=1, max_restarts=1, max_task_retries=0)
+class Worker:
+    def init(self, port):
+        import torch, torch.distributed as dist
+        try:
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=int(os.environ["RANK"]), world_size=2)
+        except Exception as exc:  # torch's own NCCL init on this GPU-less torch, once gpuguard passed
+            return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)[:300]}
+        return {"type": None}
+
+    def pid(self):
+        return os.getpid()
+
+actors = [Worker.options(runtime_env={"env_vars": {"RANK": str(r), "WORLD_SIZE": "2", "GPUGUARD_GROUP": "restart",
+          "GPUGUARD_TIMEOUT": "30"}}).remote() for r in range(2)]
+first = ray.get([a.init.remote(PORT1) for a in actors])
+old = ray.get(actors[1].pid.remote())
+ray.kill(actors[1], no_restart=False)          # Ray restarts it (max_restarts=1): a new process, same rank
+import time
+deadline = time.monotonic() + 120
+new = old
+while new == old and time.monotonic() < deadline:  # until the restarted process answers
+    try:
+        new = ray.get(actors[1].pid.remote(), timeout=60)
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+        time.sleep(0.5)
+second = ray.get([a.init.remote(PORT2) for a in actors])   # both ranks check again, the restarted one too
+print(json.dumps({"first": first, "second": second, "restarted": new != old}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_ray_actor_restarted_by_max_restarts_meets_its_peers_again(fake_gpus):
+    code = RAY_RESTART.replace("PORT1", str(free_port())).replace("PORT2", str(free_port()))
+    env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
+    env.pop("GPUGUARD")
+    proc = run_python(code, env, timeout=300)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["restarted"]
+    # a GPU each, both rounds: gpuguard's check passes (a RendezvousTimeoutError here is the restarted actor
+    # reading its own first round again while its peer waits in the second)
+    for r in got["first"] + got["second"]:
+        assert "gpuguard" not in (r.get("module") or ""), r
