@@ -1,0 +1,44 @@
+"""One rank of a real-launcher test: binds through gpuguard and prints one ``GGRESULT {json}`` line.
+
+    rank_program.py init   gpuguard.init_process_group("gloo") (the env:// store, rank 0 serving it)
+    rank_program.py bind   gpuguard.bind() (the torchrun agent store)
+GG_TIMEOUT bounds the call (default 40 s).
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+started = time.monotonic()
+import gpuguard  # noqa: E402
+
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+def raw_rank():
+    for v in RANK_VARIABLES:
+        if os.environ.get(v, "").isdigit():
+            return int(os.environ[v])
+    return None
+
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "init"
+timeout = float(os.environ.get("GG_TIMEOUT", "40"))
+out = {"host": socket.gethostname(), "pid": os.getpid()}
+try:
+    if mode == "init":
+        import torch.distributed as dist
+
+        b = gpuguard.init_process_group("gloo", bind_timeout=timeout)
+        dist.destroy_process_group()
+    else:
+        b = gpuguard.bind(timeout=timeout)
+    out.update(ok=True, rank=b.rank, world_size=b.world_size, local_rank=b.local_rank,
+               local_world_size=b.local_world_size, node_rank=b.node_rank, launcher=b.launcher,
+               device=str(b.device), uuid=b.uuid)
+except gpuguard.GpuGuardError as exc:
+    out.update(ok=False, rank=raw_rank(), error=type(exc).__name__, message=str(exc))
+out["seconds"] = round(time.monotonic() - started, 2)
+print("GGRESULT " + json.dumps(out), flush=True)
