@@ -33,7 +33,10 @@ at most 16 shared GPUs × 16 records plus their counters, so even a job in which
 bounded. Bytes stored per rank: its record twice (``rec`` and ``owner`` or its slot, ~150 bytes each) plus
 shared counters. On a timeout, the one reporting rank finds the missing ranks with one ``check`` per 256
 ranks plus one per rank of the blocks with a gap.
-Nothing is all-to-all: no rank ever reads every record. A failed rank's record is published like any other
+A verdict that stops the job (anything but ok or a warning) costs each rank one more ``add`` on ``read``
+(the last reader sets ``all_read``, which the rank serving the store waits on before it exits), and a failed
+rank two more (``failed/n``, ``failed/<i>``; the readers of a failure verdict read at most 8 of them to name
+every failed rank). Nothing is all-to-all: no rank ever reads every record. A failed rank's record is published like any other
 and its failure becomes the verdict at once (``compare_set``), so every rank waiting on ``verdict`` wakes
 immediately, naming it.
 
@@ -48,6 +51,7 @@ import itertools
 import logging
 import os
 import threading
+from typing import Optional
 
 from .. import _C
 from ..deadline import Deadline
@@ -64,6 +68,8 @@ MAX_REPORTED_DEVICES = 16
 MAX_REPORTED_RANKS_PER_DEVICE = 16
 #: After the deadline a rank waits this much longer for the timeout reporter's verdict.
 TIMEOUT_GRACE_S = 5.0
+#: A failure verdict names at most this many failed ranks (each with its error's first line).
+MAX_REPORTED_FAILURES = 8
 
 
 # ---- namespaces -------------------------------------------------------------------------------------------
@@ -77,11 +83,13 @@ def key_part(text: str) -> str:
     return text.replace("%", "%25").replace("/", "%2F")
 
 
-def run_namespace(group: str) -> str:
-    """The namespace of this process's next check for ``group`` (see the module docstring)."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or (
-        f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
-        if os.environ.get("SLURM_JOB_ID") else "")
+def run_namespace(group: str, run_id: Optional[str] = None) -> str:
+    """The namespace of this process's next check for ``group`` (see the module docstring). ``run_id`` names
+    the launch (``launchers.run_id``: the same on every rank of it); without it, torchrun's or SLURM's."""
+    if run_id is None:
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID") or (
+            f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+            if os.environ.get("SLURM_JOB_ID") else "")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     with _calls_lock:
         call = next(_calls.setdefault(group, itertools.count()))
@@ -105,6 +113,47 @@ def _failure_verdict(me: RankIdentity) -> Verdict:
                    f"rank {me.rank} ({where}) could not bind a GPU, so every rank of group '{me.group}' stops "
                    f"here instead of waiting for it:\n  {me.failure_kind}: {me.failure_text}",
                    {"failed_rank": me.rank, "failure_kind": me.failure_kind, "host": me.hostname, "pid": me.pid})
+
+
+def _with_other_failures(store: CheckedStore, verdict: Verdict, me: RankIdentity) -> Verdict:
+    """A failure verdict completed with every other failed rank known now (``failed/n``, bounded), so that
+    each rank's message names all of them, not only the first to publish."""
+    if verdict.kind != "failure":
+        return verdict
+    total = store.counter("failed/n")
+    first = verdict.details.get("failed_rank")
+    others: list[str] = []
+    ranks: list[int] = [first] if isinstance(first, int) else []
+    for i in range(min(total, MAX_REPORTED_FAILURES)):
+        try:
+            peer = RankIdentity.decode(store.get(f"failed/{i}"))
+        except ValueError:
+            continue
+        if peer.rank == first or peer.rank in ranks:
+            continue
+        ranks.append(peer.rank)
+        text = (peer.failure_text or "").strip().splitlines()
+        others.append(f"  rank {peer.rank} ({peer.hostname or 'unknown host'}): {peer.failure_kind}: "
+                      f"{text[0][:300] if text else ''}")
+    if not others:
+        return verdict
+    more = total - len(ranks)
+    message = (f"{verdict.message}\n{total} ranks failed ({', '.join(str(r) for r in sorted(ranks))}"
+               f"{f' and {more} more' if more > 0 else ''}); the others:\n" + "\n".join(others))
+    return Verdict("failure", message, dict(verdict.details, failed_ranks=sorted(ranks), failed_total=total))
+
+
+def mark_read(store: CheckedStore, world_size: int) -> None:
+    """Counts this rank as having read the verdict; the last one sets ``all_read`` (the store's owner waits
+    on it before it exits, see :func:`hold_until_read`)."""
+    if store.add("read", 1) == world_size:
+        store.set("all_read", b"1")
+
+
+def hold_until_read(store: Store, namespace: str, deadline: Deadline) -> bool:
+    """For the rank that serves the store (rank 0 as TCPStore master under env://): returns once every rank
+    has read the verdict, or at the deadline. Its exit would otherwise cut off ranks still starting."""
+    return CheckedStore(store, namespace).wait_for("all_read", deadline.remaining())
 
 
 def _missing_ranks(store: CheckedStore, world_size: int) -> list[int]:
@@ -185,7 +234,17 @@ def exchange(store: Store, me: RankIdentity, *, namespace: str, deadline: Deadli
     ns = CheckedStore(store, namespace)
     record = me.encode()
     ns.set(f"rec/{me.rank}", record)
+    verdict = _exchange(ns, me, record, deadline)
+    if verdict.kind not in ("ok", "warning"):  # ranks go on to exit: the store's owner waits for all to read
+        mark_read(ns, me.world_size)
+    return _with_other_failures(ns, verdict, me)
+
+
+def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadline) -> Verdict:
     if me.failure_kind is not None:
+        slot = ns.add("failed/n", 1) - 1
+        if slot < MAX_REPORTED_FAILURES:
+            ns.set(f"failed/{slot}", record)
         return publish(ns, "verdict", _failure_verdict(me))
     if me.gpu_uuid:
         device = ns.child(f"dev/{key_part(me.gpu_uuid)}")
