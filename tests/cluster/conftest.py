@@ -44,7 +44,13 @@ def cluster() -> Iterator[Cluster]:
 
 def results(text: str) -> list[dict]:
     """Every rank's result line (``GGRESULT {json}``) in ``text``, sorted by rank."""
-    out = [json.loads(line.split("GGRESULT ", 1)[1]) for line in text.splitlines() if "GGRESULT " in line]
+    decoder = json.JSONDecoder()
+    out = []
+    at = text.find("GGRESULT ")
+    while at >= 0:  # ranks share one pipe: a line may hold two results when their writes interleave
+        doc, end = decoder.raw_decode(text, at + len("GGRESULT "))
+        out.append(doc)
+        at = text.find("GGRESULT ", end)
     return sorted(out, key=lambda r: (r.get("rank") if r.get("rank") is not None else -1))
 
 

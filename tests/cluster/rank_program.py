@@ -41,4 +41,7 @@ try:
 except gpuguard.GpuGuardError as exc:
     out.update(ok=False, rank=raw_rank(), error=type(exc).__name__, message=str(exc))
 out["seconds"] = round(time.monotonic() - started, 2)
-print("GGRESULT " + json.dumps(out), flush=True)
+if len(out.get("message", "")) > 3000:
+    out["message"] = out["message"][:3000] + " [cut]"
+# one write below PIPE_BUF: ranks that share a pipe (torchrun's workers) cannot interleave inside it
+os.write(1, ("GGRESULT " + json.dumps(out) + "\n").encode())

@@ -47,11 +47,14 @@ def _mpi_plugins(cluster):
 def test_srun_mpi_plugin(cluster, plugin):
     if plugin not in _mpi_plugins(cluster):
         pytest.skip(f"srun --mpi={plugin} is not available here (srun --mpi=list)")
+    probe = cluster.run(["srun", "-N2", "-n2", f"--mpi={plugin}", "true"], check=False, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"srun --mpi={plugin} is listed but cannot launch a step here: {probe.stderr.strip()[:300]}")
     r = cluster.run(["srun", "-N2", "-n4", f"--mpi={plugin}", *program("init")], env=cluster.env(**MASTER))
     rs = results(r.stdout)
     _ok(rs, 4)
-    # srun started these processes: the label says so, not "mpich"
-    assert {x["launcher"] for x in rs} == {"slurm"}, rs
+    # srun started these processes: the label says so (PMI-2 is not "mpich"); PMIx direct launch names PMIx
+    assert {x["launcher"] for x in rs} == ({"slurm"} if plugin == "pmi2" else {"pmix"}), rs
 
 
 def test_srun_torchrun_two_nodes(cluster):
@@ -149,3 +152,39 @@ def test_torchrun_c10d_across_two_hostnames(cluster):
     _ok(rs, 4)
     assert sorted((x["host"], x["local_rank"], x["node_rank"]) for x in rs)[0][0] == "gg2"
     assert {x["host"] for x in rs} == {"gg2", "gg3"}
+
+
+def _srun_wrapped(cluster, script, n=3, timeout=120, **extra):
+    """srun -n N bash -c SCRIPT, where SCRIPT ends by exec'ing the rank program (init: rank 0 serves the store)."""
+    prog = " ".join(shlex.quote(p) for p in program("init"))
+    env = cluster.env(**MASTER, GG_TIMEOUT="30", **extra)
+    r = cluster.run(["srun", "-N2", f"-n{n}", "bash", "-c", f"{script}; exec {prog}"], env=env, check=False,
+                    timeout=timeout)
+    return results(r.stdout), r
+
+
+def test_a_broken_launch_environment_on_one_rank_stops_every_rank_at_once(cluster):
+    """Rank 1's LOCAL_RANK contradicts SLURM_LOCALID: detect() fails there; the others must learn it at once
+    (not wait out the 30 s deadline and call rank 1 missing), rank 2 although it starts 4 s late, after rank
+    0 (which serves the store) already has its verdict."""
+    rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ]; then export LOCAL_RANK=5; fi; '
+                                   'if [ "$SLURM_PROCID" = 2 ]; then sleep 4; fi')
+    assert [x["rank"] for x in rs] == [0, 1, 2], r.stdout + r.stderr
+    assert rs[1]["error"] == "LaunchEnvironmentError" and "LOCAL_RANK=5" in rs[1]["message"], rs[1]
+    for x in (rs[0], rs[2]):
+        assert x["error"] == "LaunchEnvironmentError", x
+        assert "rank 1 (host gg1" in x["message"] and "LOCAL_RANK=5" in x["message"], x["message"]
+        assert "did not reach" not in x["message"] and "could not reach" not in x["message"], x["message"]
+        assert x["seconds"] < 25, x  # at once, not at the deadline
+    assert rs[2]["seconds"] >= 0  # rank 2 started late and still read the verdict from rank 0's store
+
+
+def test_several_failed_ranks_are_all_named(cluster):
+    rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ] || [ "$SLURM_PROCID" = 3 ]; then '
+                                   'export LOCAL_RANK=7; else sleep 2; fi', n=4)
+    assert len(rs) == 4, r.stdout + r.stderr
+    for x in (rs[0], rs[2]):
+        assert x["error"] == "LaunchEnvironmentError", x
+        assert "2 ranks failed (1, 3)" in x["message"], x["message"]
+        assert "LOCAL_RANK=7" in x["message"]
+    assert "ranks 3 failed too" in rs[1]["message"] or "ranks 1 failed too" in rs[3]["message"], rs

@@ -140,7 +140,7 @@ def _identity(context: LaunchContext, group: str, host: str, binding: Optional[B
 # ---- steps 4-6: meet the other ranks -----------------------------------------------------------------------
 
 def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, deadline: Deadline,
-                      verify_nccl: bool, launch_id: str = "", store_owner: bool = False) -> None:
+                      verify_nccl: bool, launch_id: str = "", store_owner: bool = False) -> Optional[Any]:
     """Finds the store once, exchanges, and raises the verdict's error on this rank. A rank with a failure of
     its own only publishes it (every other rank then stops naming it) and returns: bind() raises its error."""
     found = find_store(store, group=me.group, world_size=me.world_size, deadline=deadline)
@@ -159,7 +159,7 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
         # this process serves the store: exiting now would cut off ranks still starting up from the verdict
         hold_until_read(found, namespace, deadline)
     if me.failure_kind is not None:
-        return
+        return verdict
     raise_for(verdict, me)
     if verify_nccl:
         raise_for(verify_nccl_across_ranks(found, me, namespace=namespace, deadline=deadline), me)
@@ -233,8 +233,13 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
         except GpuGuardError as exc:  # still meet the others below, so they stop too instead of waiting
             failure = exc
     me = _identity(context, group, host, binding, failure)
-    _meet_other_ranks(me, binding, store, deadline, verify_nccl, run_id(context), store_owner)
+    verdict = _meet_other_ranks(me, binding, store, deadline, verify_nccl, run_id(context), store_owner)
     if failure is not None:
+        others = [r for r in (verdict.details.get("failed_ranks") or []) if r != me.rank] if verdict else []
+        if others and failure.args:  # this rank's own error, and who else failed
+            failure.args = (f"{failure.args[0]}\n(ranks {', '.join(map(str, others))} failed too; "
+                            f"{verdict.details.get('failed_total', len(others) + 1)} ranks failed in all)",
+                            *failure.args[1:])
         raise failure
     assert binding is not None
     _apply(binding)

@@ -70,6 +70,9 @@ MAX_REPORTED_RANKS_PER_DEVICE = 16
 TIMEOUT_GRACE_S = 5.0
 #: A failure verdict names at most this many failed ranks (each with its error's first line).
 MAX_REPORTED_FAILURES = 8
+#: A rank that reads a failure verdict waits at most this long for every rank to arrive, so that its message
+#: names every failed rank (ranks start seconds apart on real clusters); the verdict itself is written at once.
+FAILURE_GRACE_S = 5.0
 
 
 # ---- namespaces -------------------------------------------------------------------------------------------
@@ -235,9 +238,20 @@ def exchange(store: Store, me: RankIdentity, *, namespace: str, deadline: Deadli
     record = me.encode()
     ns.set(f"rec/{me.rank}", record)
     verdict = _exchange(ns, me, record, deadline)
+    if verdict.kind == "failure":  # name every failed rank: wait briefly for the ranks still arriving
+        ns.wait_for("all_arrived", min(FAILURE_GRACE_S, max(deadline.remaining(), 0.0)))
+        verdict = _with_other_failures(ns, verdict, me)
     if verdict.kind not in ("ok", "warning"):  # ranks go on to exit: the store's owner waits for all to read
         mark_read(ns, me.world_size)
-    return _with_other_failures(ns, verdict, me)
+    return verdict
+
+
+def _arrive(ns: CheckedStore, me: RankIdentity) -> bool:
+    """Counts this rank in ``arrived``; True for the last one, which also sets ``all_arrived``."""
+    if ns.add("arrived", 1) != me.world_size:
+        return False
+    ns.set("all_arrived", b"1")
+    return True
 
 
 def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadline) -> Verdict:
@@ -245,7 +259,9 @@ def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadl
         slot = ns.add("failed/n", 1) - 1
         if slot < MAX_REPORTED_FAILURES:
             ns.set(f"failed/{slot}", record)
-        return publish(ns, "verdict", _failure_verdict(me))
+        verdict = publish(ns, "verdict", _failure_verdict(me))
+        _arrive(ns, me)
+        return verdict
     if me.gpu_uuid:
         device = ns.child(f"dev/{key_part(me.gpu_uuid)}")
         if device.compare_set("owner", b"", record) != record:  # another rank of the group holds this GPU
@@ -256,7 +272,7 @@ def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadl
                 ns.set(f"shared/{index}", me.gpu_uuid.encode())
             ns.add("shared_ranks", 2 if slot == 1 else 1)
         ns.add(f"host/{me.host_hash:016x}/n", 1)
-    if ns.add("arrived", 1) == me.world_size:
+    if _arrive(ns, me):
         return publish(ns, "verdict", _compose(ns, me))
     if ns.wait_for("verdict", deadline.remaining()):
         return read_verdict(ns, "verdict")
