@@ -8,8 +8,7 @@ loopback is not used either. munged (its own key and socket under the cluster's 
 slurmctld runs on node 1, one slurmd per node. Every node sees its own fake GPU topology with distinct UUIDs:
 ``GPUGUARD_FAKE_TOPOLOGY=<dir>/topology/%h.json`` (the fake driver replaces ``%h`` with the hostname).
 
-    python3 tests/cluster/cluster.py up 3      # prints the folder; `down <folder>` tears it down
-    python3 tests/cluster/cluster.py selftest  # up, srun hostname on every node, down, with timings
+    python3 tests/cluster/cluster.py selftest 3   # up, srun hostname on every node, down, with timings
 
 Teardown kills every process it started (daemons by their pid; the namespaces vanish with their holder) and
 removes the folder; ``Cluster`` is a context manager so a failed bring-up is torn down too.

@@ -12,7 +12,10 @@ SLURM ``srun``, Kubeflow, plain ``RANK``/``LOCAL_RANK`` variables) are read toge
 names the launcher, the others that describe the same set of processes (the same world size) fill the fields
 it lacks (PMIx exports only its rank) and must agree with it. ``LOCAL_RANK=0`` exported once in a batch script
 while ``srun`` gives ``SLURM_LOCALID=2`` is exactly the mistake that puts every rank on GPU 0, so disagreement
-is an error naming both variables, never a guess. ``GPUGUARD_LAUNCHER=<name>`` forces one launcher and turns
+is an error naming both variables, never a guess. The same world size is no proof, though: an MPI launcher
+whose ranks are children of its own daemons (``own_daemons``: mpirun's orted, Hydra's proxies, jsrun) inherits
+the SLURM task variables of the step that started the daemon, so SLURM is never read as a second source for
+them. ``GPUGUARD_LAUNCHER=<name>`` forces one launcher and turns
 the cross-checks off, for nestings this reasoning does not know.
 """
 
