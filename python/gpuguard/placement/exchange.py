@@ -246,12 +246,13 @@ def exchange(store: Store, me: RankIdentity, *, namespace: str, deadline: Deadli
     return verdict
 
 
-def _arrive(ns: CheckedStore, me: RankIdentity) -> bool:
-    """Counts this rank in ``arrived``; True for the last one, which also sets ``all_arrived``."""
-    if ns.add("arrived", 1) != me.world_size:
-        return False
-    ns.set("all_arrived", b"1")
-    return True
+def _arrive(ns: CheckedStore, me: RankIdentity, failed: bool = False) -> bool:
+    """Counts this rank in ``arrived``; True for the last one. A failed last one sets ``all_arrived`` (what
+    the readers of a failure verdict wait on); a healthy last one does so only if the verdict is a failure."""
+    last = ns.add("arrived", 1) == me.world_size
+    if last and failed:
+        ns.set("all_arrived", b"1")
+    return last
 
 
 def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadline) -> Verdict:
@@ -260,7 +261,7 @@ def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadl
         if slot < MAX_REPORTED_FAILURES:
             ns.set(f"failed/{slot}", record)
         verdict = publish(ns, "verdict", _failure_verdict(me))
-        _arrive(ns, me)
+        _arrive(ns, me, failed=True)
         return verdict
     if me.gpu_uuid:
         device = ns.child(f"dev/{key_part(me.gpu_uuid)}")
@@ -273,7 +274,10 @@ def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadl
             ns.add("shared_ranks", 2 if slot == 1 else 1)
         ns.add(f"host/{me.host_hash:016x}/n", 1)
     if _arrive(ns, me):
-        return publish(ns, "verdict", _compose(ns, me))
+        verdict = publish(ns, "verdict", _compose(ns, me))
+        if verdict.kind == "failure":  # a failed rank wrote it earlier: its readers wait for everyone
+            ns.set("all_arrived", b"1")
+        return verdict
     if ns.wait_for("verdict", deadline.remaining()):
         return read_verdict(ns, "verdict")
     # Deadline: one rank (the first to get here) names the missing ranks; the others take its verdict.
