@@ -37,7 +37,9 @@ def cluster() -> Iterator[Cluster]:
     fakes = _fakes_dir()
     if fakes is None:
         pytest.skip("the fake CUDA driver is not built (run scripts/test.sh, or set GPUGUARD_FAKES_DIR)")
-    with Cluster(nodes=3, cpus=8, gpus=4, fakes_dir=fakes, python_path=str(ROOT / "python")) as c:
+    # GPUGUARD_CLUSTER_PYTHONPATH: run these tests against another gpuguard tree (e.g. an older commit's)
+    python_path = os.environ.get("GPUGUARD_CLUSTER_PYTHONPATH") or str(ROOT / "python")
+    with Cluster(nodes=3, cpus=8, gpus=4, fakes_dir=fakes, python_path=python_path) as c:
         print(f"\ncluster: {c.nodes} nodes up in {c.timings['up_s']:.1f} s", file=sys.stderr)
         yield c
 

@@ -191,3 +191,17 @@ def test_several_failed_ranks_are_all_named(cluster):
         assert "2 ranks failed (1, 3)" in x["message"], x["message"]
         assert "LOCAL_RANK=7" in x["message"]
     assert "ranks 3 failed too" in rs[1]["message"] or "ranks 1 failed too" in rs[3]["message"], rs
+
+
+def test_the_store_owner_waits_for_a_rank_that_starts_late(cluster):
+    """Rank 1's CUDA_VISIBLE_DEVICES is malformed (a failure in resolve, after detect): rank 0, which serves
+    the env:// store, learns it at once. It must not exit before rank 2, starting 6 s late (normal start-up
+    skew on a real cluster), has read the verdict: rank 2 reports rank 1's error, not an unreachable store."""
+    rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ]; then export CUDA_VISIBLE_DEVICES=0,0; fi; '
+                                   'if [ "$SLURM_PROCID" = 2 ]; then sleep 6; fi')
+    assert [x["rank"] for x in rs] == [0, 1, 2], r.stdout + r.stderr
+    assert rs[1]["error"] == "LaunchEnvironmentError" and "CUDA_VISIBLE_DEVICES='0,0'" in rs[1]["message"]
+    for x in (rs[0], rs[2]):
+        assert x["error"] == "LaunchEnvironmentError", x
+        assert "rank 1 (host gg1" in x["message"] and "CUDA_VISIBLE_DEVICES='0,0'" in x["message"], x
+    assert "could not reach" not in rs[2]["message"]
