@@ -66,3 +66,16 @@ def test_a_broken_launch_environment_still_gives_the_rank_to_report_under():
         detect(env)
     assert rank_hint(env) == (1, 3, "slurm")
     assert rank_hint({"SLURM_PROCID": "x"}) is None
+
+
+def test_bind_raises_the_launch_error_itself_when_there_is_no_store_to_report_it(monkeypatch):
+    import gpuguard
+
+    for k, v in {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3",
+                 "SLURM_LOCALID": "1", "LOCAL_RANK": "5"}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("TORCHELASTIC_USE_AGENT_STORE", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(LaunchEnvironmentError) as err:
+        gpuguard.bind(timeout=5)
+    assert "SLURM_LOCALID=1 but LOCAL_RANK=5" in str(err.value)

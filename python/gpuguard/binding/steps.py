@@ -233,7 +233,14 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
         except GpuGuardError as exc:  # still meet the others below, so they stop too instead of waiting
             failure = exc
     me = _identity(context, group, host, binding, failure)
-    verdict = _meet_other_ranks(me, binding, store, deadline, verify_nccl, run_id(context), store_owner)
+    try:
+        verdict = _meet_other_ranks(me, binding, store, deadline, verify_nccl, run_id(context), store_owner)
+    except GpuGuardError as meeting:
+        if failure is None:
+            raise
+        # no store to tell the others through (or it failed): this rank's own error is still the one to raise
+        logger.warning("gpuguard: rank %d could not report its failure to the other ranks: %s", me.rank, meeting)
+        raise failure from meeting
     if failure is not None:
         others = [r for r in (verdict.details.get("failed_ranks") or []) if r != me.rank] if verdict else []
         if others and failure.args:  # this rank's own error, and who else failed

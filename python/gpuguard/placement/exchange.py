@@ -4,8 +4,9 @@
 :func:`~gpuguard.placement.stores.find_store` found, under the one deadline of the bind() call.
 
 Key layout. Every key lives under one namespace per check,
-``gpuguard/v1/<group>/<run id>/<restart>/<call>``: the run id (``TORCHELASTIC_RUN_ID``, or the SLURM job and
-step) and torchelastic's restart count keep elastic restarts apart, and ``<call>`` (how many checks this
+``gpuguard/v1/<group>/<run id>/<restart>/<call>``: the run id (``launchers.run_id``: ``TORCHELASTIC_RUN_ID``,
+the SLURM job and step of an srun task, Open MPI's job id; never the SLURM step of an MPI daemon, which would
+split one mpirun's ranks) and torchelastic's restart count keep elastic restarts apart, and ``<call>`` (how many checks this
 process has made for this group) keeps repeated ``bind()`` calls apart. Under it (``N`` = world size):
 
 ==================================  =========================================================================
@@ -21,6 +22,12 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
                                     by the last arriver, by a rank whose own resolution failed, or by the
                                     first rank to reach the deadline (naming the ranks that never came)
 ``timeout``                         counter electing that one timeout reporter
+``failed/n``, ``failed/<i>``        counter and records (at most 8) of the ranks that failed, so that a
+                                    failure verdict names all of them
+``all_arrived``                     set by the last rank to arrive when the verdict is a failure: readers wait
+                                    on it (at most FAILURE_GRACE_S) before naming the failed ranks
+``read``, ``all_read``              counter of ranks that read a verdict that stops the job, and the key the
+                                    last one sets: the rank serving the store waits on it before exiting
 ``nccl/...``                        the same pattern for ``verify_nccl=True``: ``id`` (rank 0's unique id),
                                     ``failed/n`` + ``failed/<i>``, ``done``, ``verdict``
 ==================================  =========================================================================
