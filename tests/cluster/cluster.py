@@ -97,11 +97,12 @@ class Cluster:
 
     def _files(self) -> None:
         d = self.dir
-        for sub in ("topology", "state", "log", "munge"):
+        for sub in ("topology", "state", "log", "munge", "nodetmp"):
             (d / sub).mkdir()
         for i, name in enumerate(self.names, 1):
             (d / "topology" / f"{name}.json").write_text(json.dumps(topology(i, self.gpus)))
             (d / name).mkdir()
+            (d / name / "tmp").mkdir()
         hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(i)} {n}\n" for i, n in enumerate(self.names, 1))
         (d / "hosts").write_text(hosts)
         (d / "plugstack.conf").write_text("")
@@ -128,6 +129,7 @@ SlurmctldPidFile={d}/slurmctld.pid
 SlurmctldLogFile={d}/log/slurmctld.log
 SlurmdLogFile={d}/log/slurmd-%n.log
 PlugStackConfig={d}/plugstack.conf
+TmpFS={d}/nodetmp
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
@@ -153,7 +155,9 @@ MessageTimeout=20
 
     def _namespaces(self) -> None:
         for name in self.names:
+            # TmpFS (where SLURM's PMIx plugin makes its per-step folders) is per node, as on a real cluster
             script = (f"mount --make-rprivate / && mount --bind {self.dir}/hosts /etc/hosts && "
+                      f"mount --bind {self.dir}/{name}/tmp {self.dir}/nodetmp && "
                       f"hostname {name} && exec sleep infinity")
             holder = subprocess.Popen(["unshare", "--net", "--uts", "--mount", "sh", "-c", script],
                                       start_new_session=True)
