@@ -249,8 +249,12 @@ MessageTimeout=20
     def run(self, argv: Sequence[str], *, node: int = 1, timeout: float = 120, check: bool = True,
             env: Optional[dict[str, str]] = None, cwd: Optional[str] = None) -> subprocess.CompletedProcess:
         """Runs ``argv`` on ``node`` (1-based) in the cluster's environment; the whole process group is killed
-        when ``timeout`` passes."""
-        proc = subprocess.Popen(self.enter(node) + list(argv), env=env or self.env(), stdout=subprocess.PIPE,
+        when ``timeout`` passes. What the ranks write into ``$GG_RESULTS`` (a fresh folder per call) is
+        appended to the returned stdout."""
+        env = dict(env or self.env())
+        results = Path(tempfile.mkdtemp(prefix="results-", dir=self.dir))
+        env["GG_RESULTS"] = str(results)
+        proc = subprocess.Popen(self.enter(node) + list(argv), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=cwd or str(self.dir))
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -258,6 +262,7 @@ MessageTimeout=20
             _kill_group(proc.pid)
             out, err = proc.communicate()
             raise RuntimeError(f"{' '.join(argv)} ran past {timeout} s on {self.names[node - 1]}:\n{out}\n{err}")
+        out += "".join(f.read_text() for f in sorted(results.glob("*.json")))
         r = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
         if check and r.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({r.returncode}):\n{out}\n{err}")
@@ -269,8 +274,8 @@ MessageTimeout=20
         path = self.dir / f"job-{time.monotonic_ns()}.sh"
         path.write_text("#!/bin/bash\n" + script)
         out = path.with_suffix(".out")
-        self.run(["sbatch", "--wait", "-o", str(out), *args, str(path)], timeout=timeout, check=False, env=env)
-        return out.read_text() if out.exists() else ""
+        r = self.run(["sbatch", "--wait", "-o", str(out), *args, str(path)], timeout=timeout, check=False, env=env)
+        return (out.read_text() if out.exists() else "") + r.stdout
 
     # ---- teardown -------------------------------------------------------------------------------------------
 

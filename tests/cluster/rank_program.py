@@ -2,7 +2,7 @@
 
     rank_program.py init   gpuguard.init_process_group("gloo") (the env:// store, rank 0 serving it)
     rank_program.py bind   gpuguard.bind() (the torchrun agent store)
-GG_TIMEOUT bounds the call (default 40 s).
+GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead.
 """
 
 import json
@@ -43,5 +43,9 @@ except gpuguard.GpuGuardError as exc:
 out["seconds"] = round(time.monotonic() - started, 2)
 if len(out.get("message", "")) > 3000:
     out["message"] = out["message"][:3000] + " [cut]"
-# one write below PIPE_BUF: ranks that share a pipe (torchrun's workers) cannot interleave inside it
-os.write(1, ("GGRESULT " + json.dumps(out) + "\n").encode())
+line = "GGRESULT " + json.dumps(out) + "\n"
+if os.environ.get("GG_RESULTS"):  # a file per rank: no launcher's output forwarding can lose or mix it
+    with open(os.path.join(os.environ["GG_RESULTS"], f"{out['host']}-{out['pid']}.json"), "w") as f:
+        f.write(line)
+else:  # one write below PIPE_BUF: ranks that share a pipe (torchrun's workers) cannot interleave inside it
+    os.write(1, line.encode())
