@@ -1,6 +1,7 @@
 """One rank of a real-launcher test: binds through gpuguard and prints one ``GGRESULT {json}`` line.
 
-    rank_program.py init   gpuguard.init_process_group("gloo") (the env:// store, rank 0 serving it)
+    rank_program.py init   gpuguard.init_process_group("gloo") (the env:// store, rank 0 serving it), up to
+                           torch's own init, replaced by one more meeting through that store
     rank_program.py bind   gpuguard.bind() (the torchrun agent store)
 GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead.
 """
@@ -29,10 +30,24 @@ timeout = float(os.environ.get("GG_TIMEOUT", "40"))
 out = {"host": socket.gethostname(), "pid": os.getpid()}
 try:
     if mode == "init":
+        import datetime
+
         import torch.distributed as dist
 
+        def torch_init(backend, *, store, rank, world_size, **kwargs):
+            # torch's own gloo mesh is not under test (on this loaded 2-core machine it sometimes fails to
+            # connect after gpuguard is done): meet once more through the store gpuguard created and handed
+            # over, as torch's rendezvous would, so that rank 0 (serving it) does not exit before the others
+            if store.add("rank_program/done", 1) == world_size:
+                store.set("rank_program/all_done", b"1")
+            store.wait(["rank_program/all_done"], datetime.timedelta(seconds=timeout))
+            left = store.add("rank_program/left", 1)
+            while rank == 0 and left < world_size and time.monotonic() - started < 3 * timeout:
+                time.sleep(0.05)  # the store's owner leaves last: the others' last call is answered
+                left = store.add("rank_program/left", 0)
+
+        dist.init_process_group = torch_init
         b = gpuguard.init_process_group("gloo", bind_timeout=timeout)
-        dist.destroy_process_group()
     else:
         b = gpuguard.bind(timeout=timeout)
     out.update(ok=True, rank=b.rank, world_size=b.world_size, local_rank=b.local_rank,
