@@ -10,6 +10,12 @@ command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v g++ >/dev/null || need_apt+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 command -v clang++ >/dev/null || need_apt+=(clang)
+# the real-cluster tests (tests/cluster): SLURM, munge, Open MPI, MPICH, and ip for the namespaces' links
+command -v slurmd >/dev/null || need_apt+=(slurm-wlm)
+command -v munged >/dev/null || need_apt+=(munge)
+command -v ompi_info >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)
+command -v mpiexec.hydra >/dev/null || need_apt+=(mpich)
+command -v ip >/dev/null || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing Debian packages: ${need_apt[*]}"

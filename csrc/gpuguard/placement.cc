@@ -157,9 +157,13 @@ class Analyzer {
       out.push_back({PlacementCause::kSameVisibleDevices,
                      "every rank on it was given CUDA_VISIBLE_DEVICES=" + *first.cuda_visible_devices +
                          ", so each picked the same GPU",
-                     "give each rank its own GPU: CUDA_VISIBLE_DEVICES=$LOCAL_RANK per process (or your "
+                     std::string("give each rank its own GPU: CUDA_VISIBLE_DEVICES=$LOCAL_RANK per process (or your "
                      "scheduler's per-task GPU binding, e.g. srun --gpus-per-task=1), or leave "
-                     "CUDA_VISIBLE_DEVICES unset and let gpuguard.bind() choose by local rank"});
+                     "CUDA_VISIBLE_DEVICES unset and let gpuguard.bind() choose by local rank") +
+                         (first.visible_device_count == 1
+                              ? "; if the host has only one GPU, run one process of the group on it (two ranks "
+                                "of one NCCL group cannot share a GPU)"
+                              : "")});
     }
 
     // Per host: more ranks of this group than GPUs the host shows (only meaningful where the ranks see
@@ -209,10 +213,35 @@ class Analyzer {
       }
     }
 
+    // Several launcher agents on one host (srun -n 2 torchrun --nproc_per_node 2 on one node): each agent
+    // says its host runs local_world_size ranks and numbers them from 0, but the host runs more, so the
+    // ranks with equal local ranks meet on one GPU. The device was set; the agents overlap.
+    bool agents_overlap = false;
+    if (!same_cvd && !fractional && !global_as_local && hosts.size() == 1) {
+      const int lws = first.local_world_size;
+      const int host_ranks = host_total(group, first);
+      const bool same_local = std::all_of(rs.begin(), rs.end(), [&](const IdentityRecord* r) {
+        return r->local_rank >= 0 && r->local_rank == first.local_rank && r->local_world_size == lws;
+      });
+      if (same_local && lws > 0 && host_ranks > lws) {
+        agents_overlap = true;
+        const int agents = (host_ranks + lws - 1) / lws;
+        out.push_back({PlacementCause::kLaunchersShareHost,
+                       std::to_string(agents) + " launcher agents on one host: " + host_label(first) + " runs " +
+                           std::to_string(host_ranks) + " ranks of group '" + group + "', but each agent counts " +
+                           "only its own " + std::to_string(lws) + " (local world size " + std::to_string(lws) +
+                           ") and numbers them from 0, so ranks " + join_ranks(rs) + " all have local rank " +
+                           std::to_string(first.local_rank) + " and its GPU",
+                       "start one launcher agent per host (srun --ntasks-per-node=1 torchrun --nproc_per_node=<GPUs "
+                       "per host> ..., or mpirun --npernode 1 ...), or give each agent its own GPUs "
+                       "(CUDA_VISIBLE_DEVICES per agent)"});
+      }
+    }
+
     bool all_zero = std::all_of(rs.begin(), rs.end(), [](const IdentityRecord* r) {
       return r->gpu_index == 0 && r->visible_device_count > 1;
     });
-    if (all_zero && !same_cvd && !fractional && !global_as_local) {
+    if (all_zero && !same_cvd && !fractional && !global_as_local && !agents_overlap) {
       out.push_back({PlacementCause::kAllOnDeviceZero,
                      "every rank on it uses cuda:0 although " + host_label(first) + " shows " +
                          plural(first.visible_device_count, "GPU", "GPUs") +
@@ -314,6 +343,7 @@ const char* placement_cause_name(PlacementCause cause) {
     case PlacementCause::kFractionalRayGpus: return "fractional_ray_gpus";
     case PlacementCause::kGlobalRankAsLocal: return "global_rank_as_local_rank";
     case PlacementCause::kContainersShareGpu: return "containers_share_gpu";
+    case PlacementCause::kLaunchersShareHost: return "launchers_share_host";
   }
   return "unknown";
 }

@@ -29,6 +29,7 @@ enum class PlacementCause {
   kFractionalRayGpus,     // Ray actors given a fraction of a GPU (max_colocate > 1)
   kGlobalRankAsLocal,     // local rank equals the global rank past the first node
   kContainersShareGpu,    // different hosts (hostnames) report the same GPU UUID
+  kLaunchersShareHost,    // several launcher agents on one host, each handing out the same local ranks
 };
 const char* placement_cause_name(PlacementCause cause);
 

@@ -211,3 +211,36 @@ TEST(Placement, RayRoundedSharesStillReadAsFractions) {
 }
 
 }  // namespace
+
+// srun -n 2 torchrun --nproc_per_node 2 on one node (seen on a real SLURM cluster, tests/cluster): two agents
+// each number their 2 workers 0 and 1, so ranks 0 and 2 meet on cuda:0 and ranks 1 and 3 on cuda:1.
+TEST(Placement, TwoLauncherAgentsOnOneHostAreNamedNotAMissingSetDevice) {
+  std::vector<IdentityRecord> rs;
+  for (int i = 0; i < 4; ++i) {
+    const int local = i % 2;
+    auto r = rank_on(i, 4, local, local, 4);
+    r.local_rank = local;
+    r.local_world_size = 2;
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  ASSERT_EQ(report.severity, PlacementReport::Severity::kError);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kLaunchersShareHost));
+  EXPECT_FALSE(has_cause(report, PlacementCause::kAllOnDeviceZero));
+  EXPECT_IN("2 launcher agents on one host: node-a runs 4 ranks", report.message);
+  EXPECT_IN("srun --ntasks-per-node=1 torchrun", report.message);
+  EXPECT_EQ(report.message.find("never set"), std::string::npos) << report.message;
+}
+
+// One GPU shown, two ranks given the same CUDA_VISIBLE_DEVICES: the advice must not stop at
+// "$LOCAL_RANK per process" (rank 1 would ask for a second GPU the host may not have).
+TEST(Placement, OneVisibleGpuAdviceCoversAOneGpuHost) {
+  std::vector<IdentityRecord> rs;
+  for (int i = 0; i < 2; ++i) {
+    auto r = rank_on(i, 2, 0, 0, 1);
+    r.cuda_visible_devices = "0";
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_IN("if the host has only one GPU, run one process of the group on it", report.message);
+}

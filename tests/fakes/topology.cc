@@ -3,9 +3,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include <unistd.h>
 
 #include "json_lite.h"
 
@@ -107,8 +110,16 @@ Topology parse_topology(const std::string& text) {
 }
 
 Topology load_topology() {
-  const char* path = std::getenv("GPUGUARD_FAKE_TOPOLOGY");
-  if (path == nullptr || path[0] == '\0') throw std::runtime_error("GPUGUARD_FAKE_TOPOLOGY is not set");
+  const char* raw = std::getenv("GPUGUARD_FAKE_TOPOLOGY");
+  if (raw == nullptr || raw[0] == '\0') throw std::runtime_error("GPUGUARD_FAKE_TOPOLOGY is not set");
+  // "%h" stands for this host's name, so that every node of a test cluster (its own UTS namespace) reads its
+  // own topology from one exported path: GPUGUARD_FAKE_TOPOLOGY=/tmp/cluster/topology/%h.json
+  std::string path = raw;
+  if (std::string::size_type at = path.find("%h"); at != std::string::npos) {
+    char host[256] = {0};
+    if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+    path.replace(at, 2, host);
+  }
   std::ifstream in(path);
   if (!in) throw std::runtime_error(std::string("cannot open ") + path);
   std::stringstream buf;
@@ -116,7 +127,7 @@ Topology load_topology() {
   try {
     return parse_topology(buf.str());
   } catch (const std::exception& e) {
-    throw std::runtime_error(std::string(path) + ": " + e.what());
+    throw std::runtime_error(path + ": " + e.what());
   }
 }
 

@@ -38,7 +38,7 @@ def fields(ctx):
 
 def test_order_is_innermost_first_and_documented():
     assert [l.name for l in LAUNCHERS] == [
-        "torchrun", "deepspeed", "ray", "jsrun", "openmpi", "mvapich2", "mpich", "pmix", "slurm", "kubeflow",
+        "torchrun", "deepspeed", "ray", "jsrun", "openmpi", "mvapich2", "mpich", "pmix", "slurm", "pmi", "kubeflow",
         "env", "single"]
 
 
@@ -140,7 +140,7 @@ def test_mpich_hydra_and_intel_mpi(extra):
 def test_srun_pmi2_gives_pmi_rank_and_slurm_the_local_rank():
     env = {**SLURM_2x5_RANK7, "PMI_RANK": "7", "PMI_SIZE": "10", "PMI_FD": "4"}
     ctx = detect(env)
-    assert fields(ctx) == ("mpich", 7, 10, 2, 5, 1)
+    assert fields(ctx) == ("slurm", 7, 10, 2, 5, 1)
     assert ctx.local_rank_source == "SLURM_LOCALID"
 
 

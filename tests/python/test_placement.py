@@ -232,10 +232,11 @@ def test_a_thousand_ranks_in_one_process_cost_constant_store_operations(master):
     for host in ("node-005", "node-077", "node-126"):
         assert f"host {host}" in message
     assert "is shared by ranks 40 and 41:" in message
-    # Per-rank cost: 6 operations on a GPU of its own, at most 11 for a rank that shares; only the one rank
+    # Per-rank cost: 6 operations on a GPU of its own, at most 13 for a rank that shares (11, plus counting
+    # itself as having read a verdict that stops the job); only the one rank
     # that writes the verdict reads more, and that is bounded by the report's size, not by the job's.
     composer_ops = max(ops)
-    assert sorted(ops)[-2] <= 11
+    assert sorted(ops)[-2] <= 13
     assert composer_ops <= 11 + 16 * 16 * 2 + 4
 
 

@@ -26,7 +26,7 @@ from .. import _C
 from ..deadline import Deadline
 from ..devices import devices
 from ..errors import DuplicateDeviceError, GpuGuardError
-from ..binding.launchers import LaunchContext, detect
+from ..binding.launchers import LaunchContext, detect, run_id
 from ..placement import RankIdentity, exchange, find_store, namespace_for, raise_for
 from ..placement.stores import env_store_for_init
 from .device_index import mapping_error, visible_gpu_count
@@ -193,7 +193,8 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
         failure = mapping_error(chosen.index, n, chosen.how, check.context)
     me = _identity(check, chosen, failure)
     store = check.store or find_store(None, group=check.group, world_size=me.world_size, deadline=deadline)
-    verdict = exchange(store, me, namespace=namespace_for(store, check.group, me.rank), deadline=deadline)
+    namespace = namespace_for(store, check.group, me.rank, run_id(check.context))
+    verdict = exchange(store, me, namespace=namespace, deadline=deadline)
     record: Callable[[str, str], None] = lambda kind, message: json_report.write(
         check.context, check.group, chosen.index, chosen.how, trigger, kind, message)
     if failure is not None:

@@ -12,7 +12,10 @@ SLURM ``srun``, Kubeflow, plain ``RANK``/``LOCAL_RANK`` variables) are read toge
 names the launcher, the others that describe the same set of processes (the same world size) fill the fields
 it lacks (PMIx exports only its rank) and must agree with it. ``LOCAL_RANK=0`` exported once in a batch script
 while ``srun`` gives ``SLURM_LOCALID=2`` is exactly the mistake that puts every rank on GPU 0, so disagreement
-is an error naming both variables, never a guess. ``GPUGUARD_LAUNCHER=<name>`` forces one launcher and turns
+is an error naming both variables, never a guess. The same world size is no proof, though: an MPI launcher
+whose ranks are children of its own daemons (``own_daemons``: mpirun's orted, Hydra's proxies, jsrun) inherits
+the SLURM task variables of the step that started the daemon, so SLURM is never read as a second source for
+them. ``GPUGUARD_LAUNCHER=<name>`` forces one launcher and turns
 the cross-checks off, for nestings this reasoning does not know.
 """
 
@@ -146,6 +149,12 @@ class Launcher:
     agent: ClassVar[bool] = False
     #: field -> environment variable, for launchers that are a set of variables
     variables: ClassVar[Mapping[str, str]] = {}
+    #: its ranks are children of its own daemons (mpirun/orted, Hydra's proxies, jsrun): inside a SLURM
+    #: allocation the SLURM_* task variables they inherit describe the daemon's step, not the rank, even when
+    #: the sizes happen to match, so SLURM is never read as a second source for them
+    own_daemons: ClassVar[bool] = False
+    #: environment variable naming this launch (one value for all its ranks), for the store namespace
+    run_id_variable: ClassVar[Optional[str]] = None
 
     def present(self, env: Mapping[str, str]) -> bool:
         raise NotImplementedError
@@ -268,6 +277,7 @@ class JsrunLauncher(_VariableLauncher):
 
     name = "jsrun"
     description = "LSF jsrun"
+    own_daemons = True
     markers = ("JSM_NAMESPACE_RANK",)
     variables = {"rank": "JSM_NAMESPACE_RANK", "world_size": "JSM_NAMESPACE_SIZE",
                  "local_rank": "JSM_NAMESPACE_LOCAL_RANK", "local_world_size": "JSM_NAMESPACE_LOCAL_SIZE"}
@@ -278,6 +288,8 @@ class OpenMpiLauncher(_VariableLauncher):
 
     name = "openmpi"
     description = "Open MPI mpirun"
+    own_daemons = True
+    run_id_variable = "OMPI_MCA_ess_base_jobid"  # the job id every rank of one mpirun shares (ORTE)
     markers = ("OMPI_COMM_WORLD_RANK",)
     variables = {"rank": "OMPI_COMM_WORLD_RANK", "world_size": "OMPI_COMM_WORLD_SIZE",
                  "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK", "local_world_size": "OMPI_COMM_WORLD_LOCAL_SIZE"}
@@ -288,17 +300,20 @@ class Mvapich2Launcher(_VariableLauncher):
 
     name = "mvapich2"
     description = "MVAPICH2 mpirun_rsh/mpiexec"
+    own_daemons = True
     markers = ("MV2_COMM_WORLD_RANK",)
     variables = {"rank": "MV2_COMM_WORLD_RANK", "world_size": "MV2_COMM_WORLD_SIZE",
                  "local_rank": "MV2_COMM_WORLD_LOCAL_RANK", "local_world_size": "MV2_COMM_WORLD_LOCAL_SIZE"}
 
 
 class MpichLauncher(_VariableLauncher):
-    """MPICH's Hydra ``mpiexec`` and Intel MPI's ``mpirun`` (also Hydra). ``srun --mpi=pmi2`` sets PMI_RANK too."""
+    """MPICH's Hydra ``mpiexec`` and Intel MPI's ``mpirun`` (also Hydra): PMI_RANK with Hydra's own
+    MPI_LOCALRANKID (src/pm/hydra/proxy/pmip_cb.c). ``srun --mpi=pmi2`` sets PMI_RANK without it (PmiLauncher)."""
 
     name = "mpich"
     description = "MPICH/Intel MPI (Hydra) mpiexec"
-    markers = ("PMI_RANK",)
+    own_daemons = True
+    markers = ("PMI_RANK", "MPI_LOCALRANKID")
     variables = {"rank": "PMI_RANK", "world_size": "PMI_SIZE",
                  "local_rank": "MPI_LOCALRANKID", "local_world_size": "MPI_LOCALNRANKS"}
 
@@ -346,6 +361,16 @@ class SlurmLauncher(_VariableLauncher):
                     reading.put("local_world_size", per_node[node], f"{var}[SLURM_NODEID]")
                 break
         return reading
+
+
+class PmiLauncher(_VariableLauncher):
+    """PMI_RANK/PMI_SIZE from a process manager that is not Hydra: ``srun --mpi=pmi2`` (then SLURM, tried
+    first, names the launcher and this only cross-checks it), or a PMI launcher gpuguard does not know."""
+
+    name = "pmi"
+    description = "a PMI process manager (PMI_RANK, PMI_SIZE)"
+    markers = ("PMI_RANK",)
+    variables = {"rank": "PMI_RANK", "world_size": "PMI_SIZE"}
 
 
 class KubeflowLauncher(_VariableLauncher):
@@ -420,6 +445,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
     MpichLauncher(),
     PmixLauncher(),
     SlurmLauncher(),
+    PmiLauncher(),
     KubeflowLauncher(),
     EnvLauncher(),
     SingleProcessLauncher(),
@@ -472,6 +498,8 @@ def _merged(primary: Launcher, others: Sequence[Launcher], env: Mapping[str, str
     for other in others:
         if isinstance(other, SingleProcessLauncher) or not other.present(env):
             continue
+        if primary.own_daemons and isinstance(other, SlurmLauncher):
+            continue  # SLURM started mpirun's daemon (orted, hydra_pmi_proxy), not this rank
         reading = other.read(env)
         other_world = reading.values.get("world_size")
         if world is not None and other_world is not None and other_world != world:
@@ -535,6 +563,41 @@ def _missing(primary: Launcher, missing: Sequence[str], readings: Sequence[Readi
         f"that exports {'it' if len(expected) == 1 else 'them'}, or export "
         f"{', '.join(EnvLauncher.variables[n] for n in missing)} for each process.",
         variables=expected, launcher=primary.name)
+
+
+def run_id(context: LaunchContext, env: Optional[Mapping[str, str]] = None) -> str:
+    """What names this launch, the same on every rank of it ("" when the launcher gives nothing): torchrun's
+    run id, the SLURM job and step of an srun task, an MPI launcher's job id. Never the SLURM step of an MPI
+    daemon: mpirun's own children have none, orted's have orted's, and one launch must not be split."""
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return env["TORCHELASTIC_RUN_ID"]
+    if context.launcher == "slurm" and env.get("SLURM_JOB_ID"):
+        step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "0"))
+        return f"slurm-{env['SLURM_JOB_ID']}.{step}"
+    by_name = {l.name: l for l in LAUNCHERS}
+    variable = getattr(by_name.get(context.launcher), "run_id_variable", None)
+    return f"{context.launcher}-{env[variable]}" if variable and env.get(variable) else ""
+
+
+def rank_hint(env: Mapping[str, str]) -> Optional[tuple[int, int, str]]:
+    """(rank, world size, launcher) from the first launcher whose rank and size both read cleanly, for a
+    process whose detect() failed: it still reports its failure to the other ranks under that rank."""
+    for launcher in LAUNCHERS:
+        if launcher.agent and not isinstance(launcher, TorchrunLauncher):
+            continue
+        names = {n: launcher.variables.get(n) for n in ("rank", "world_size")}
+        if isinstance(launcher, SlurmLauncher):
+            names["world_size"] = next((v for v in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS") if v in env), None)
+        if not names["rank"] or not names["world_size"] or not launcher.present(env):
+            continue
+        try:
+            rank, world = read_int(env, names["rank"]), read_int(env, names["world_size"])
+        except LaunchEnvironmentError:
+            continue
+        if rank is not None and world is not None and rank < world:
+            return rank, world, launcher.name
+    return None
 
 
 def _check_ranges(values: Mapping[str, int], sources: Mapping[str, str]) -> None:

@@ -9,9 +9,8 @@ import torch
 
 from ..deadline import Deadline
 from ..placement import env_store_for_init
-from .steps import bind_in, check_arguments
+from .steps import bind_in, check_arguments, detect_or_hint
 from .binding import Binding
-from .launchers import detect
 
 
 def _supports_device_id() -> bool:
@@ -39,7 +38,8 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
     deadline = Deadline(bind_timeout)
     if require_gpu is None:
         require_gpu = "nccl" in str(backend).lower()
-    context = detect()
+    context, failure = detect_or_hint()
+    store_owner = False
     if kwargs.get("store") is None and kwargs.get("init_method") in (None, "env://"):
         # srun/mpirun/plain variables have no store before init: create the one env:// would, so that bind()'s
         # cross-rank check can run first, and hand it to torch.
@@ -47,8 +47,9 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
         if env_store is not None:
             kwargs.pop("init_method", None)
             kwargs["store"] = env_store
+            store_owner = context.rank == 0
     binding = bind_in(context, group=group, store=kwargs.get("store"), deadline=deadline,
-                      verify_nccl=verify_nccl, require_gpu=require_gpu)
+                      verify_nccl=verify_nccl, require_gpu=require_gpu, failure=failure, store_owner=store_owner)
     if "rank" not in kwargs and "world_size" not in kwargs:
         kwargs["rank"], kwargs["world_size"] = binding.rank, binding.world_size
     if binding.is_gpu and torch.cuda.is_available() and "device_id" not in kwargs and _supports_device_id():

@@ -28,14 +28,14 @@ import torch
 from .. import _C
 from ..deadline import Deadline
 from ..devices import cuda_status, devices
-from ..errors import GpuGuardError, GpuGuardWarning, RankMappingError
+from ..errors import GpuGuardError, GpuGuardWarning, LaunchEnvironmentError, RankMappingError
 from ..group_name import is_group_name
-from ..placement import (RankIdentity, exchange, find_store, namespace_for, raise_for,
+from ..placement import (RankIdentity, exchange, find_store, hold_until_read, namespace_for, raise_for,
                          verify_nccl_across_ranks)
 from .binding import Binding
 from .cuda_state import check_cuda_state, earlier_initialisation
 from .device_choice import Resolution, check_visibility, resolve_device
-from .launchers import LaunchContext, detect
+from .launchers import LaunchContext, detect, rank_hint, run_id
 from .visible_devices import parse_visible_devices
 
 logger = logging.getLogger("gpuguard")
@@ -140,7 +140,7 @@ def _identity(context: LaunchContext, group: str, host: str, binding: Optional[B
 # ---- steps 4-6: meet the other ranks -----------------------------------------------------------------------
 
 def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, deadline: Deadline,
-                      verify_nccl: bool) -> None:
+                      verify_nccl: bool, launch_id: str = "", store_owner: bool = False) -> Optional[Any]:
     """Finds the store once, exchanges, and raises the verdict's error on this rank. A rank with a failure of
     its own only publishes it (every other rank then stops naming it) and returns: bind() raises its error."""
     found = find_store(store, group=me.group, world_size=me.world_size, deadline=deadline)
@@ -150,13 +150,16 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
         if me.failure_kind is None and verify_nccl:
             raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
         return
-    namespace = namespace_for(found, me.group, me.rank)
+    namespace = namespace_for(found, me.group, me.rank, launch_id)
     started = time.monotonic()
     verdict = exchange(found, me, namespace=namespace, deadline=deadline)
     logger.debug("gpuguard: cross-rank check of group %r (%d ranks): %s in %.3f s", me.group, me.world_size,
                  verdict.kind, time.monotonic() - started)
+    if store_owner and (me.failure_kind is not None or verdict.kind not in ("ok", "warning")):
+        # this process serves the store: exiting now would cut off ranks still starting up from the verdict
+        hold_until_read(found, namespace, deadline)
     if me.failure_kind is not None:
-        return
+        return verdict
     raise_for(verdict, me)
     if verify_nccl:
         raise_for(verify_nccl_across_ranks(found, me, namespace=namespace, deadline=deadline), me)
@@ -201,20 +204,49 @@ def _apply(binding: Binding) -> None:
 
 # ---- the entry points --------------------------------------------------------------------------------------
 
+def detect_or_hint() -> tuple[LaunchContext, Optional[LaunchEnvironmentError]]:
+    """detect(); when it fails but the rank and world size still read cleanly (a contradiction elsewhere),
+    a minimal context with the failure, so that this rank reports it to the others at once instead of
+    leaving them to wait it out. Without a rank there is no one to tell: the error is raised here."""
+    try:
+        return detect(), None
+    except LaunchEnvironmentError as exc:
+        hint = rank_hint(os.environ)
+        if hint is None or hint[1] <= 1:
+            raise
+        rank, world_size, name = hint
+        return LaunchContext(launcher=name, description=name, rank=rank, world_size=world_size, local_rank=None,
+                             local_world_size=None, node_rank=None), exc
+
+
 def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadline, verify_nccl: bool,
-            require_gpu: bool) -> Binding:
-    """bind()'s steps 2-7 for an already detected launch context (init_process_group detects only once)."""
+            require_gpu: bool, failure: Optional[GpuGuardError] = None, store_owner: bool = False) -> Binding:
+    """bind()'s steps 2-7 for an already detected launch context (init_process_group detects only once).
+    ``failure``: detect()'s error, reported to the other ranks and raised. ``store_owner``: this process
+    serves the store, and stays until every rank read a failing verdict (or the deadline)."""
     group = _group_name(group, context)
     host = socket.gethostname()
     binding: Optional[Binding] = None
-    failure: Optional[GpuGuardError] = None
-    try:
-        binding = _resolve(context, group, host, require_gpu, deadline)
-    except GpuGuardError as exc:  # still meet the others below, so they stop too instead of waiting
-        failure = exc
+    if failure is None:
+        try:
+            binding = _resolve(context, group, host, require_gpu, deadline)
+        except GpuGuardError as exc:  # still meet the others below, so they stop too instead of waiting
+            failure = exc
     me = _identity(context, group, host, binding, failure)
-    _meet_other_ranks(me, binding, store, deadline, verify_nccl)
+    try:
+        verdict = _meet_other_ranks(me, binding, store, deadline, verify_nccl, run_id(context), store_owner)
+    except GpuGuardError as meeting:
+        if failure is None:
+            raise
+        # no store to tell the others through (or it failed): this rank's own error is still the one to raise
+        logger.warning("gpuguard: rank %d could not report its failure to the other ranks: %s", me.rank, meeting)
+        raise failure from meeting
     if failure is not None:
+        others = [r for r in (verdict.details.get("failed_ranks") or []) if r != me.rank] if verdict else []
+        if others and failure.args:  # this rank's own error, and who else failed
+            failure.args = (f"{failure.args[0]}\n(ranks {', '.join(map(str, others))} failed too; "
+                            f"{verdict.details.get('failed_total', len(others) + 1)} ranks failed in all)",
+                            *failure.args[1:])
         raise failure
     assert binding is not None
     _apply(binding)
@@ -242,8 +274,9 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     """
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
-    binding = bind_in(detect(), group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
-                      require_gpu=require_gpu)
+    context, failure = detect_or_hint()
+    binding = bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
+                      require_gpu=require_gpu, failure=failure)
     if watch:
         from ..watchdog import watch as start_watch
         start_watch()  # starts with the first collective if the process group does not exist yet

@@ -6,11 +6,11 @@ Modules, in the order bind() uses them: ``identity`` (the record), ``stores`` (p
 discovery), ``exchange`` (the protocol), ``verdict`` (codec and the error it raises), ``nccl_check``.
 """
 
-from .exchange import exchange, namespace_for, run_namespace
+from .exchange import exchange, hold_until_read, namespace_for, run_namespace
 from .identity import RankIdentity
 from .nccl_check import verify_nccl_across_ranks
 from .stores import CheckedStore, Store, env_store_for_init, find_store
 from .verdict import Verdict, raise_for
 
 __all__ = ["CheckedStore", "RankIdentity", "Store", "Verdict", "env_store_for_init", "exchange", "find_store",
-           "namespace_for", "raise_for", "run_namespace", "verify_nccl_across_ranks"]
+           "hold_until_read", "namespace_for", "raise_for", "run_namespace", "verify_nccl_across_ranks"]

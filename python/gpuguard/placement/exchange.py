@@ -4,8 +4,9 @@
 :func:`~gpuguard.placement.stores.find_store` found, under the one deadline of the bind() call.
 
 Key layout. Every key lives under one namespace per check,
-``gpuguard/v1/<group>/<run id>/<restart>/<call>``: the run id (``TORCHELASTIC_RUN_ID``, or the SLURM job and
-step) and torchelastic's restart count keep elastic restarts apart, and ``<call>`` (how many checks this
+``gpuguard/v1/<group>/<run id>/<restart>/<call>``: the run id (``launchers.run_id``: ``TORCHELASTIC_RUN_ID``,
+the SLURM job and step of an srun task, Open MPI's job id; never the SLURM step of an MPI daemon, which would
+split one mpirun's ranks) and torchelastic's restart count keep elastic restarts apart, and ``<call>`` (how many checks this
 process has made for this group) keeps repeated ``bind()`` calls apart. Under it (``N`` = world size):
 
 ==================================  =========================================================================
@@ -21,6 +22,12 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
                                     by the last arriver, by a rank whose own resolution failed, or by the
                                     first rank to reach the deadline (naming the ranks that never came)
 ``timeout``                         counter electing that one timeout reporter
+``failed/n``, ``failed/<i>``        counter and records (at most 8) of the ranks that failed, so that a
+                                    failure verdict names all of them
+``all_arrived``                     set by the last rank to arrive when the verdict is a failure: readers wait
+                                    on it (at most FAILURE_GRACE_S) before naming the failed ranks
+``read``, ``all_read``              counter of ranks that read a verdict that stops the job, and the key the
+                                    last one sets: the rank serving the store waits on it before exiting
 ``nccl/...``                        the same pattern for ``verify_nccl=True``: ``id`` (rank 0's unique id),
                                     ``failed/n`` + ``failed/<i>``, ``done``, ``verdict``
 ==================================  =========================================================================
@@ -33,7 +40,10 @@ at most 16 shared GPUs × 16 records plus their counters, so even a job in which
 bounded. Bytes stored per rank: its record twice (``rec`` and ``owner`` or its slot, ~150 bytes each) plus
 shared counters. On a timeout, the one reporting rank finds the missing ranks with one ``check`` per 256
 ranks plus one per rank of the blocks with a gap.
-Nothing is all-to-all: no rank ever reads every record. A failed rank's record is published like any other
+A verdict that stops the job (anything but ok or a warning) costs each rank one more ``add`` on ``read``
+(the last reader sets ``all_read``, which the rank serving the store waits on before it exits), and a failed
+rank two more (``failed/n``, ``failed/<i>``; the readers of a failure verdict read at most 8 of them to name
+every failed rank). Nothing is all-to-all: no rank ever reads every record. A failed rank's record is published like any other
 and its failure becomes the verdict at once (``compare_set``), so every rank waiting on ``verdict`` wakes
 immediately, naming it.
 
@@ -48,6 +58,7 @@ import itertools
 import logging
 import os
 import threading
+from typing import Optional
 
 from .. import _C
 from ..deadline import Deadline
@@ -64,6 +75,11 @@ MAX_REPORTED_DEVICES = 16
 MAX_REPORTED_RANKS_PER_DEVICE = 16
 #: After the deadline a rank waits this much longer for the timeout reporter's verdict.
 TIMEOUT_GRACE_S = 5.0
+#: A failure verdict names at most this many failed ranks (each with its error's first line).
+MAX_REPORTED_FAILURES = 8
+#: A rank that reads a failure verdict waits at most this long for every rank to arrive, so that its message
+#: names every failed rank (ranks start seconds apart on real clusters); the verdict itself is written at once.
+FAILURE_GRACE_S = 5.0
 
 
 # ---- namespaces -------------------------------------------------------------------------------------------
@@ -77,24 +93,26 @@ def key_part(text: str) -> str:
     return text.replace("%", "%25").replace("/", "%2F")
 
 
-def run_namespace(group: str) -> str:
-    """The namespace of this process's next check for ``group`` (see the module docstring)."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or (
-        f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
-        if os.environ.get("SLURM_JOB_ID") else "")
+def run_namespace(group: str, run_id: Optional[str] = None) -> str:
+    """The namespace of this process's next check for ``group`` (see the module docstring). ``run_id`` names
+    the launch (``launchers.run_id``: the same on every rank of it); without it, torchrun's or SLURM's."""
+    if run_id is None:
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID") or (
+            f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ.get('SLURM_STEP_ID', '0')}"
+            if os.environ.get("SLURM_JOB_ID") else "")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     with _calls_lock:
         call = next(_calls.setdefault(group, itertools.count()))
     return f"gpuguard/{PROTOCOL}/{key_part(group)}/{key_part(run_id)}/{key_part(restart)}/{call}"
 
 
-def namespace_for(store: Store, group: str, rank: int) -> str:
+def namespace_for(store: Store, group: str, rank: int, run_id: Optional[str] = None) -> str:
     """The namespace of this rank's next check through ``store``. A store that outlives the processes using it
     (the Ray rendezvous actor, which an actor restarted by Ray's ``max_restarts`` finds again) counts the calls
     per rank itself, so a restarted actor's next check is its peers' next check, not its own first one again
     (a per-process count would restart at 0 and read the verdict of the round it already took part in)."""
     if not getattr(store, "outlives_ranks", False):
-        return run_namespace(group)
+        return run_namespace(group, run_id)
     base = f"gpuguard/{PROTOCOL}/{key_part(group)}/persistent"
     call = CheckedStore(store, base).add(f"calls/{rank}", 1) - 1
     return f"{base}/{call}"
@@ -117,6 +135,47 @@ def _failure_verdict(me: RankIdentity) -> Verdict:
                    f"rank {me.rank} ({where}) could not bind a GPU, so every rank of group '{me.group}' stops "
                    f"here instead of waiting for it:\n  {me.failure_kind}: {me.failure_text}",
                    {"failed_rank": me.rank, "failure_kind": me.failure_kind, "host": me.hostname, "pid": me.pid})
+
+
+def _with_other_failures(store: CheckedStore, verdict: Verdict, me: RankIdentity) -> Verdict:
+    """A failure verdict completed with every other failed rank known now (``failed/n``, bounded), so that
+    each rank's message names all of them, not only the first to publish."""
+    if verdict.kind != "failure":
+        return verdict
+    total = store.counter("failed/n")
+    first = verdict.details.get("failed_rank")
+    others: list[str] = []
+    ranks: list[int] = [first] if isinstance(first, int) else []
+    for i in range(min(total, MAX_REPORTED_FAILURES)):
+        try:
+            peer = RankIdentity.decode(store.get(f"failed/{i}"))
+        except ValueError:
+            continue
+        if peer.rank == first or peer.rank in ranks:
+            continue
+        ranks.append(peer.rank)
+        text = (peer.failure_text or "").strip().splitlines()
+        others.append(f"  rank {peer.rank} ({peer.hostname or 'unknown host'}): {peer.failure_kind}: "
+                      f"{text[0][:300] if text else ''}")
+    if not others:
+        return verdict
+    more = total - len(ranks)
+    message = (f"{verdict.message}\n{total} ranks failed ({', '.join(str(r) for r in sorted(ranks))}"
+               f"{f' and {more} more' if more > 0 else ''}); the others:\n" + "\n".join(others))
+    return Verdict("failure", message, dict(verdict.details, failed_ranks=sorted(ranks), failed_total=total))
+
+
+def mark_read(store: CheckedStore, world_size: int) -> None:
+    """Counts this rank as having read the verdict; the last one sets ``all_read`` (the store's owner waits
+    on it before it exits, see :func:`hold_until_read`)."""
+    if store.add("read", 1) == world_size:
+        store.set("all_read", b"1")
+
+
+def hold_until_read(store: Store, namespace: str, deadline: Deadline) -> bool:
+    """For the rank that serves the store (rank 0 as TCPStore master under env://): returns once every rank
+    has read the verdict, or at the deadline. Its exit would otherwise cut off ranks still starting."""
+    return CheckedStore(store, namespace).wait_for("all_read", deadline.remaining())
 
 
 def _missing_ranks(store: CheckedStore, world_size: int) -> list[int]:
@@ -197,8 +256,32 @@ def exchange(store: Store, me: RankIdentity, *, namespace: str, deadline: Deadli
     ns = CheckedStore(store, namespace)
     record = me.encode()
     ns.set(f"rec/{me.rank}", record)
+    verdict = _exchange(ns, me, record, deadline)
+    if verdict.kind == "failure":  # name every failed rank: wait briefly for the ranks still arriving
+        ns.wait_for("all_arrived", min(FAILURE_GRACE_S, max(deadline.remaining(), 0.0)))
+        verdict = _with_other_failures(ns, verdict, me)
+    if verdict.kind not in ("ok", "warning"):  # ranks go on to exit: the store's owner waits for all to read
+        mark_read(ns, me.world_size)
+    return verdict
+
+
+def _arrive(ns: CheckedStore, me: RankIdentity, failed: bool = False) -> bool:
+    """Counts this rank in ``arrived``; True for the last one. A failed last one sets ``all_arrived`` (what
+    the readers of a failure verdict wait on); a healthy last one does so only if the verdict is a failure."""
+    last = ns.add("arrived", 1) == me.world_size
+    if last and failed:
+        ns.set("all_arrived", b"1")
+    return last
+
+
+def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadline) -> Verdict:
     if me.failure_kind is not None:
-        return publish(ns, "verdict", _failure_verdict(me))
+        slot = ns.add("failed/n", 1) - 1
+        if slot < MAX_REPORTED_FAILURES:
+            ns.set(f"failed/{slot}", record)
+        verdict = publish(ns, "verdict", _failure_verdict(me))
+        _arrive(ns, me, failed=True)
+        return verdict
     if me.gpu_uuid:
         device = ns.child(f"dev/{key_part(me.gpu_uuid)}")
         if device.compare_set("owner", b"", record) != record:  # another rank of the group holds this GPU
@@ -209,8 +292,11 @@ def exchange(store: Store, me: RankIdentity, *, namespace: str, deadline: Deadli
                 ns.set(f"shared/{index}", me.gpu_uuid.encode())
             ns.add("shared_ranks", 2 if slot == 1 else 1)
         ns.add(f"host/{me.host_hash:016x}/n", 1)
-    if ns.add("arrived", 1) == me.world_size:
-        return publish(ns, "verdict", _compose(ns, me))
+    if _arrive(ns, me):
+        verdict = publish(ns, "verdict", _compose(ns, me))
+        if verdict.kind == "failure":  # a failed rank wrote it earlier: its readers wait for everyone
+            ns.set("all_arrived", b"1")
+        return verdict
     if ns.wait_for("verdict", deadline.remaining()):
         return read_verdict(ns, "verdict")
     # Deadline: one rank (the first to get here) names the missing ranks; the others take its verdict.

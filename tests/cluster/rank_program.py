@@ -1,0 +1,66 @@
+"""One rank of a real-launcher test: binds through gpuguard and prints one ``GGRESULT {json}`` line.
+
+    rank_program.py init   gpuguard.init_process_group("gloo") (the env:// store, rank 0 serving it), up to
+                           torch's own init, replaced by one more meeting through that store
+    rank_program.py bind   gpuguard.bind() (the torchrun agent store)
+GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+started = time.monotonic()
+import gpuguard  # noqa: E402
+
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+def raw_rank():
+    for v in RANK_VARIABLES:
+        if os.environ.get(v, "").isdigit():
+            return int(os.environ[v])
+    return None
+
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "init"
+timeout = float(os.environ.get("GG_TIMEOUT", "40"))
+out = {"host": socket.gethostname(), "pid": os.getpid()}
+try:
+    if mode == "init":
+        import datetime
+
+        import torch.distributed as dist
+
+        def torch_init(backend, *, store, rank, world_size, **kwargs):
+            # torch's own gloo mesh is not under test (on this loaded 2-core machine it sometimes fails to
+            # connect after gpuguard is done): meet once more through the store gpuguard created and handed
+            # over, as torch's rendezvous would, so that rank 0 (serving it) does not exit before the others
+            if store.add("rank_program/done", 1) == world_size:
+                store.set("rank_program/all_done", b"1")
+            store.wait(["rank_program/all_done"], datetime.timedelta(seconds=timeout))
+            left = store.add("rank_program/left", 1)
+            while rank == 0 and left < world_size and time.monotonic() - started < 3 * timeout:
+                time.sleep(0.05)  # the store's owner leaves last: the others' last call is answered
+                left = store.add("rank_program/left", 0)
+
+        dist.init_process_group = torch_init
+        b = gpuguard.init_process_group("gloo", bind_timeout=timeout)
+    else:
+        b = gpuguard.bind(timeout=timeout)
+    out.update(ok=True, rank=b.rank, world_size=b.world_size, local_rank=b.local_rank,
+               local_world_size=b.local_world_size, node_rank=b.node_rank, launcher=b.launcher,
+               device=str(b.device), uuid=b.uuid)
+except gpuguard.GpuGuardError as exc:
+    out.update(ok=False, rank=raw_rank(), error=type(exc).__name__, message=str(exc))
+out["seconds"] = round(time.monotonic() - started, 2)
+if len(out.get("message", "")) > 3000:
+    out["message"] = out["message"][:3000] + " [cut]"
+line = "GGRESULT " + json.dumps(out) + "\n"
+if os.environ.get("GG_RESULTS"):  # a file per rank: no launcher's output forwarding can lose or mix it
+    with open(os.path.join(os.environ["GG_RESULTS"], f"{out['host']}-{out['pid']}.json"), "w") as f:
+        f.write(line)
+else:  # one write below PIPE_BUF: ranks that share a pipe (torchrun's workers) cannot interleave inside it
+    os.write(1, line.encode())

@@ -1,0 +1,207 @@
+"""gpuguard under real launchers on a real 3-node SLURM cluster (tests/cluster/cluster.py): srun, srun with
+PMI-2/PMIx, srun + torchrun, Open MPI mpirun, MPICH mpiexec.hydra, alone and inside sbatch allocations, and
+torchrun's c10d rendezvous across two hostnames. Every rank runs rank_program.py; every rank's line is checked."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+
+import pytest
+from conftest import program, results
+
+pytestmark = pytest.mark.timeout(300)
+
+MASTER = {"MASTER_ADDR": "gg1", "MASTER_PORT": "29511"}
+
+
+def _uuids(rs):
+    return {r["uuid"] for r in rs}
+
+
+def _ok(rs, n):
+    assert len(rs) == n, rs
+    bad = [r for r in rs if not r["ok"]]
+    assert not bad, bad
+    assert [r["rank"] for r in rs] == list(range(n))
+    assert len(_uuids(rs)) == n  # every rank on its own GPU (UUIDs differ across nodes too)
+
+
+def test_srun_two_nodes_four_and_one(cluster):
+    r = cluster.run(["srun", "-N2", "-n5", "--ntasks-per-node=4", *program("init")], env=cluster.env(**MASTER))
+    rs = results(r.stdout)
+    _ok(rs, 5)
+    assert [(x["host"], x["local_rank"], x["local_world_size"], x["node_rank"]) for x in rs] == [
+        ("gg1", 0, 4, 0), ("gg1", 1, 4, 0), ("gg1", 2, 4, 0), ("gg1", 3, 4, 0), ("gg2", 0, 1, 1)]
+    assert {x["launcher"] for x in rs} == {"slurm"}
+    assert [x["device"] for x in rs] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:0"]
+
+
+def _mpi_plugins(cluster):
+    r = cluster.run(["srun", "--mpi=list"], check=False)
+    return r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("plugin", ["pmi2", "pmix"])
+def test_srun_mpi_plugin(cluster, plugin):
+    if plugin not in _mpi_plugins(cluster):
+        pytest.skip(f"srun --mpi={plugin} is not available here (srun --mpi=list)")
+    probe = cluster.run(["srun", "-N2", "-n2", f"--mpi={plugin}", "true"], check=False, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"srun --mpi={plugin} is listed but cannot launch a step here: {probe.stderr.strip()[:300]}")
+    r = cluster.run(["srun", "-N2", "-n4", f"--mpi={plugin}", *program("init")], env=cluster.env(**MASTER),
+                    check=False)
+    if r.returncode != 0 and "launch failed" in r.stderr:  # SLURM's PMIx plugin, not gpuguard: no rank ran
+        pytest.skip(f"srun --mpi={plugin} failed to launch its step here: {r.stderr.strip()[:300]}")
+    rs = results(r.stdout)
+    _ok(rs, 4)
+    # srun started these processes: the label says so (PMI-2 is not "mpich"); PMIx direct launch names PMIx
+    assert {x["launcher"] for x in rs} == ({"slurm"} if plugin == "pmi2" else {"pmix"}), rs
+
+
+def test_srun_torchrun_two_nodes(cluster):
+    cmd = ["srun", "-N2", "--ntasks-per-node=1", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
+           "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg1:29520", "--rdzv-id", "t1",
+           *program("bind")[1:]]
+    r = cluster.run(cmd, timeout=180)
+    rs = results(r.stdout)
+    _ok(rs, 4)
+    assert {x["launcher"] for x in rs} == {"torchrun"}
+    assert sorted((x["host"], x["local_rank"]) for x in rs) == [("gg1", 0), ("gg1", 1), ("gg2", 0), ("gg2", 1)]
+
+
+def test_two_torchrun_agents_on_one_host_are_named(cluster):
+    """srun -n 2 torchrun --nproc_per_node 2 on one node: both agents use local ranks 0 and 1."""
+    cmd = ["srun", "-N1", "-n2", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
+           "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg1:29521", "--rdzv-id", "t2",
+           *program("bind")[1:]]
+    rs = results(cluster.run(cmd, timeout=180, check=False).stdout)
+    assert len(rs) == 4, rs
+    for x in rs:
+        assert not x["ok"] and x["error"] == "DuplicateDeviceError", x
+        assert "launcher agents on one host" in x["message"], x["message"]
+        assert "never set" not in x["message"], x["message"]
+
+
+def test_mpirun_alone(cluster):
+    r = cluster.run(["mpirun", "--oversubscribe", "-np", "3", "-x", "MASTER_ADDR=127.0.0.1", "-x",
+                     "MASTER_PORT=29530", *program("init")], timeout=120)
+    rs = results(r.stdout)
+    _ok(rs, 3)
+    assert {x["launcher"] for x in rs} == {"openmpi"}
+
+
+def test_mpiexec_hydra_alone(cluster):
+    r = cluster.run(["mpiexec.hydra", "-n", "3", "-genv", "MASTER_ADDR", "127.0.0.1", "-genv", "MASTER_PORT",
+                     "29531", *program("init")], timeout=120)
+    rs = results(r.stdout)
+    _ok(rs, 3)
+    assert {x["launcher"] for x in rs} == {"mpich"}
+
+
+def _sbatch_twice(cluster, launch):
+    prog = " ".join(shlex.quote(p) for p in program("init"))
+    script = (f"export MASTER_ADDR=gg1\nfor port in 29540 29541; do\n  export MASTER_PORT=$port\n"
+              f"  {launch} {prog}\n  echo \"run $port exit $?\"\ndone\n")
+    return cluster.sbatch(script, args=["-N3", "--ntasks-per-node=1"], timeout=240)
+
+
+def _two_runs(text, n):
+    rs = results(text)
+    assert len(rs) == 2 * n, text
+    assert "exit 0" in text and "exit 1" not in text, text
+    for x in rs:
+        assert x["ok"], x
+    return rs
+
+
+def test_mpirun_in_sbatch_allocation_twice(cluster):
+    text = _sbatch_twice(cluster, "mpirun --oversubscribe -np 3 --map-by node -x MASTER_ADDR -x MASTER_PORT")
+    rs = _two_runs(text, 3)
+    assert {x["launcher"] for x in rs} == {"openmpi"}
+    assert sorted({x["host"] for x in rs}) == ["gg1", "gg2", "gg3"]
+
+
+def test_mpiexec_hydra_in_sbatch_allocation_twice(cluster):
+    text = _sbatch_twice(cluster, "mpiexec.hydra -n 3 -ppn 1 -genvlist MASTER_ADDR,MASTER_PORT")
+    rs = _two_runs(text, 3)
+    assert {x["launcher"] for x in rs} == {"mpich"}
+    assert sorted({x["host"] for x in rs}) == ["gg1", "gg2", "gg3"]
+
+
+def test_sbatch_python_without_srun(cluster):
+    prog = " ".join(shlex.quote(p) for p in program("bind"))
+    text = cluster.sbatch(f"{prog}\n", args=["-N2", "-n4"])
+    rs = results(text)
+    assert len(rs) == 1 and rs[0]["ok"], text
+    assert (rs[0]["rank"], rs[0]["world_size"], rs[0]["device"]) == (0, 1, "cuda:0")
+
+
+def test_torchrun_c10d_across_two_hostnames(cluster):
+    cmd = ["python3", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg2:29550", "--rdzv-id", "two", *program("bind")[1:]]
+    outs = {}
+
+    def agent(node):
+        outs[node] = cluster.run(cmd, node=node, timeout=180, check=False)
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rs = results(outs[2].stdout + outs[3].stdout)
+    _ok(rs, 4)
+    assert sorted((x["host"], x["local_rank"], x["node_rank"]) for x in rs)[0][0] == "gg2"
+    assert {x["host"] for x in rs} == {"gg2", "gg3"}
+
+
+def _srun_wrapped(cluster, script, n=3, timeout=120, **extra):
+    """srun -n N bash -c SCRIPT, where SCRIPT ends by exec'ing the rank program (init: rank 0 serves the store)."""
+    prog = " ".join(shlex.quote(p) for p in program("init"))
+    env = cluster.env(**MASTER, GG_TIMEOUT="30", **extra)
+    r = cluster.run(["srun", "-N2", f"-n{n}", "bash", "-c", f"{script}; exec {prog}"], env=env, check=False,
+                    timeout=timeout)
+    return results(r.stdout), r
+
+
+def test_a_broken_launch_environment_on_one_rank_stops_every_rank_at_once(cluster):
+    """Rank 1's LOCAL_RANK contradicts SLURM_LOCALID: detect() fails there; the others must learn it at once
+    (not wait out the 30 s deadline and call rank 1 missing), rank 2 although it starts 4 s late, after rank
+    0 (which serves the store) already has its verdict."""
+    rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ]; then export LOCAL_RANK=5; fi; '
+                                   'if [ "$SLURM_PROCID" = 2 ]; then sleep 4; fi')
+    assert [x["rank"] for x in rs] == [0, 1, 2], r.stdout + r.stderr
+    assert rs[1]["error"] == "LaunchEnvironmentError" and "LOCAL_RANK=5" in rs[1]["message"], rs[1]
+    for x in (rs[0], rs[2]):
+        assert x["error"] == "LaunchEnvironmentError", x
+        assert "rank 1 (host gg1" in x["message"] and "LOCAL_RANK=5" in x["message"], x["message"]
+        assert "did not reach" not in x["message"] and "could not reach" not in x["message"], x["message"]
+        assert x["seconds"] < 25, x  # at once, not at the deadline
+    assert rs[2]["seconds"] >= 0  # rank 2 started late and still read the verdict from rank 0's store
+
+
+def test_several_failed_ranks_are_all_named(cluster):
+    rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ] || [ "$SLURM_PROCID" = 3 ]; then '
+                                   'export LOCAL_RANK=7; else sleep 2; fi', n=4)
+    assert len(rs) == 4, r.stdout + r.stderr
+    for x in (rs[0], rs[2]):
+        assert x["error"] == "LaunchEnvironmentError", x
+        assert "2 ranks failed (1, 3)" in x["message"], x["message"]
+        assert "LOCAL_RANK=7" in x["message"]
+    assert "ranks 3 failed too" in rs[1]["message"] or "ranks 1 failed too" in rs[3]["message"], rs
+
+
+def test_the_store_owner_waits_for_a_rank_that_starts_late(cluster):
+    """Rank 1's CUDA_VISIBLE_DEVICES is malformed (a failure in resolve, after detect): rank 0, which serves
+    the env:// store, learns it at once. It must not exit before rank 2, starting 6 s late (normal start-up
+    skew on a real cluster), has read the verdict: rank 2 reports rank 1's error, not an unreachable store."""
+    rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ]; then export CUDA_VISIBLE_DEVICES=0,0; fi; '
+                                   'if [ "$SLURM_PROCID" = 2 ]; then sleep 6; fi')
+    assert [x["rank"] for x in rs] == [0, 1, 2], r.stdout + r.stderr
+    assert rs[1]["error"] == "LaunchEnvironmentError" and "CUDA_VISIBLE_DEVICES='0,0'" in rs[1]["message"]
+    for x in (rs[0], rs[2]):
+        assert x["error"] == "LaunchEnvironmentError", x
+        assert "rank 1 (host gg1" in x["message"] and "CUDA_VISIBLE_DEVICES='0,0'" in x["message"], x
+    assert "could not reach" not in rs[2]["message"]
