@@ -566,7 +566,7 @@ def detect(env: Optional[Mapping[str, str]] = None,
     if forced is not None:
         return _forced(forced, env, launchers)
     for launcher in launchers:
-        if launcher.agent:
+        if launcher.agent or isinstance(launcher, SingleProcessLauncher):  # nothing to merge with
             context = launcher.detect(env)
             if context is not None:
                 return context
