@@ -191,7 +191,15 @@ class Analyzer {
       return r->cuda_visible_devices && !r->cuda_visible_devices->empty() &&
              *r->cuda_visible_devices == *first.cuda_visible_devices;
     });
-    if (same_cvd) {
+    if (same_cvd && is_mig(first)) {
+      // a process sees one MIG device, so neither $LOCAL_RANK nor bind() can pick another: the variable must
+      out.push_back({PlacementCause::kSameVisibleDevices,
+                     "every rank on it was given CUDA_VISIBLE_DEVICES=" + *first.cuda_visible_devices +
+                         ", so each got the same MIG instance",
+                     "give each rank its own MIG instance: a different CUDA_VISIBLE_DEVICES=MIG-<uuid> per process "
+                     "(nvidia-smi -L lists them), or your scheduler's per-task GPU binding on MIG devices (e.g. "
+                     "srun --gpus-per-task=1 with MIG in gres.conf)"});
+    } else if (same_cvd) {
       out.push_back({PlacementCause::kSameVisibleDevices,
                      "every rank on it was given CUDA_VISIBLE_DEVICES=" + *first.cuda_visible_devices +
                          ", so each picked the same GPU",
@@ -267,7 +275,7 @@ class Analyzer {
                        std::to_string(r.gpu_index) + ", local rank " +
                        (r.local_rank >= 0 ? std::to_string(r.local_rank) : std::string("unknown")) + ", pid " +
                        std::to_string(r.pid) + ", " + visible_label(r);
-    if (is_mig(r)) line += ", " + r.gpu_uuid;
+    if (is_mig(r) && r.cuda_visible_devices.value_or("") != r.gpu_uuid) line += ", " + r.gpu_uuid;
     if (r.gpu_fraction) line += ", Ray num_gpus=" + fraction_label(*r.gpu_fraction);
     if (!r.launcher.empty()) line += ", launcher " + r.launcher;
     return line + "\n";

@@ -176,8 +176,11 @@ TEST(Placement, DifferentMigInstancesOfOneGpuAreAWarningNamingNcclVersions) {
             "2.29 and earlier stop them with \"Duplicate GPU detected", report.message);
   EXPECT_IN("GPU at PCI 0000:18:00.0 on node-a is split into MIG instances used by ranks 0, 1 and 2:", report.message);
   EXPECT_IN("rank 1: host node-a, cuda:0, local rank 1, pid 1001, "
-            "CUDA_VISIBLE_DEVICES=MIG-1f2e3d4c-0002-5002-9002-aa0000000002, MIG-1f2e3d4c-0002-5002-9002-aa0000000002",
-            report.message);
+            "CUDA_VISIBLE_DEVICES=MIG-1f2e3d4c-0002-5002-9002-aa0000000002, launcher torchrun", report.message);
+  auto unset = rank_on_mig(1, 3, 1);
+  unset.cuda_visible_devices.reset();  // the instance the driver showed first: named on its line
+  EXPECT_IN("CUDA_VISIBLE_DEVICES unset, MIG-1f2e3d4c-0002-5002-9002-aa0000000002, launcher torchrun",
+            gpuguard::analyze_placement({rank_on_mig(0, 3, 0), unset}).message);
   EXPECT_IN("Fix: with NCCL 2.30 or later nothing is needed (NCCL_MULTI_RANK_GPU_ENABLE=1 is not", report.message);
   EXPECT_IN("with NCCL 2.29 or earlier, upgrade NCCL, or give each rank a MIG instance on a different GPU",
             report.message);
@@ -201,8 +204,11 @@ TEST(Placement, TwoRanksOnOneMigInstanceAreAnErrorEvenWithMultiRankGpuMode) {
             "set on every rank involved", report.message);
   EXPECT_IN("MIG instance MIG-1f2e3d4c-0002-5002-9002-aa0000000002 of the GPU at PCI 0000:18:00.0 is shared by "
             "ranks 0 and 1:", report.message);
-  EXPECT_IN("every rank on it was given CUDA_VISIBLE_DEVICES=MIG-1f2e3d4c-0002-5002-9002-aa0000000002",
-            report.message);
+  EXPECT_IN("every rank on it was given CUDA_VISIBLE_DEVICES=MIG-1f2e3d4c-0002-5002-9002-aa0000000002, so each "
+            "got the same MIG instance", report.message);
+  EXPECT_IN("Fix: give each rank its own MIG instance: a different CUDA_VISIBLE_DEVICES=MIG-<uuid> per process "
+            "(nvidia-smi -L lists them)", report.message);
+  EXPECT_EQ(report.message.find("$LOCAL_RANK"), std::string::npos);  // one MIG device per process: no index to pick
   // rank 2 on another instance of that GPU is listed too, as allowed
   EXPECT_IN("is split into MIG instances used by ranks 0, 1 and 2 [different instances: allowed]:", report.message);
   EXPECT_TRUE(has_cause(report, PlacementCause::kMigInstancesOfOneGpu));
