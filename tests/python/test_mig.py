@@ -96,3 +96,20 @@ def test_ranks_on_one_instance_fail_even_with_multi_rank_gpu_mode(fake_gpus, tmp
                        "check" in r["message"]
             else:
                 assert "NCCL_MULTI_RANK_GPU_ENABLE=1 would silence that, not fix it" in r["message"]
+
+
+def test_two_mig_devices_for_one_process_are_named_with_the_rule(fake_gpus):
+    got = run_json(f"""
+        import json, gpuguard
+        try:
+            gpuguard.bind()
+            print(json.dumps("bound"))
+        except gpuguard.LaunchEnvironmentError as exc:
+            print(json.dumps(str(exc)))
+    """, fake_gpus.env("h100x2_mig", visible=f"{MIG[1]},{MIG[0]}"))
+    # before: "was rejected by the driver: no such MIG device on this host", which is false: it exists
+    assert got == (f"CUDA_VISIBLE_DEVICES='{MIG[1]},{MIG[0]}': entry 2 ('{MIG[0]}') is not shown: CUDA enumerates a "
+                   f"single MIG device per process (here {MIG[1]}) and no other GPU beside it, whatever "
+                   f"CUDA_VISIBLE_DEVICES lists; the driver shows 1 device and ignores everything from it on. Give "
+                   f"each process a single MIG device: CUDA_VISIBLE_DEVICES=MIG-<uuid>, a different one per rank "
+                   f"(nvidia-smi -L lists them).")
