@@ -105,12 +105,12 @@ class Analyzer {
                                      "ranks " + join_ranks(rs) + " are on " + std::to_string(instances.size()) +
                                          " different MIG instances of the GPU at PCI " + d.pci_bus_id + " on " +
                                          host_label(*rs.front()) +
-                                         ": separate devices to CUDA, but one PCI bus id, which is what NCCL 2.29 "
-                                         "and earlier compare",
-                                     "with NCCL 2.30 or later nothing is needed (NCCL_MULTI_RANK_GPU_ENABLE=1 is "
-                                     "not, and is only for ranks sharing one GPU or MIG instance on purpose); "
-                                     "with NCCL 2.29 or earlier, upgrade NCCL, or give each rank a MIG instance on "
-                                     "a different GPU (or a whole GPU)"}};
+                                         ": separate devices to CUDA, but one GPU to NCCL, which compares the PCI "
+                                         "bus id (2.29 and earlier) or the GPU's UUID (2.30 and later)",
+                                     "with NCCL 2.30 or later set NCCL_MULTI_RANK_GPU_ENABLE=1 on every rank (safe "
+                                     "here: the instances are separate, and gpuguard still stops ranks that share "
+                                     "one instance); with NCCL 2.29 or earlier, which has no such switch, upgrade "
+                                     "NCCL, or give each rank a MIG instance on a different GPU (or a whole GPU)"}};
       found.emplace_back(std::move(d), std::move(causes));
     }
     if (found.empty()) return report;
@@ -297,10 +297,23 @@ class Analyzer {
       for (const auto& r : f.first.ranks) all_multi_rank = all_multi_rank && r.multi_rank_gpu_enabled;
     }
     if (warning) {
+      bool split_multi_rank = true;
+      for (const auto& f : found) {
+        for (const auto& r : f.first.ranks) split_multi_rank = split_multi_rank && r.multi_rank_gpu_enabled;
+      }
+      // NCCL >= 2.30 compares cuDeviceGetUuid loaded at CUDA 9.2's ABI (src/misc/cudawrap.cc:
+      // LOAD_SYM(cuDeviceGetUuid, 9020)), the legacy entry point, which gives a MIG device its GPU's UUID.
       out += std::to_string(ranks_sharing) + " ranks of group " + group_text + " are on different MIG instances of " +
              plural(report.shared_devices_total, "GPU", "GPUs") + ": each has a device of its own, so gpuguard lets "
-             "the job continue. NCCL 2.30 and later tell MIG instances apart and accept them; NCCL 2.29 and "
-             "earlier stop them with \"Duplicate GPU detected : rank A and rank B both on CUDA device <bus id>\".\n";
+             "the job continue. ";
+      out += split_multi_rank
+                 ? "NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved, so NCCL 2.30 and later accept them; "
+                   "NCCL 2.29 and earlier, which have no such switch, stop them with \"Duplicate GPU detected : rank A "
+                   "and rank B both on CUDA device <bus id>\".\n"
+                 : "NCCL will not: it sees one GPU (2.30 and later compare the GPU's UUID, which every instance "
+                   "reports to it, and stop with \"Multiple Ranks are using the same GPU/Partition\" unless "
+                   "NCCL_MULTI_RANK_GPU_ENABLE=1; 2.29 and earlier compare the PCI bus id and stop with \"Duplicate "
+                   "GPU detected\").\n";
     } else {
       out += std::to_string(ranks_sharing) + " ranks of group " + group_text + " share " +
              plural(report.shared_devices_total, any_mig ? "device" : "GPU", any_mig ? "devices" : "GPUs") +

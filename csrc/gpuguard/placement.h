@@ -59,7 +59,8 @@ struct PlacementReport {
 // Groups records by (group, GPU UUID); sharing across different groups is allowed and not reported.
 // Records without a GPU, or with a failure, take no part; a record given twice counts once. Ranks of a group
 // on different MIG instances ("MIG-..." UUIDs) of one GPU (same host, same PCI bus id) are reported as a
-// warning: distinct devices, which NCCL <= 2.29 refuses (it compares PCI bus ids) and NCCL >= 2.30 accepts.
+// warning: distinct devices, which NCCL refuses (<= 2.29 compares PCI bus ids; >= 2.30 the GPU's UUID, unless
+// NCCL_MULTI_RANK_GPU_ENABLE=1).
 // Ranks on one device (GPU or MIG instance) are an error even with NCCL_MULTI_RANK_GPU_ENABLE=1, which
 // only switches NCCL's own check off.
 PlacementReport analyze_placement(const std::vector<IdentityRecord>& records, const PlacementContext& context = {});

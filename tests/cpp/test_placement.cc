@@ -172,8 +172,10 @@ TEST(Placement, DifferentMigInstancesOfOneGpuAreAWarningNamingNcclVersions) {
   EXPECT_EQ(report.shared[0].gpu_uuid, "");
   EXPECT_EQ(report.shared[0].pci_bus_id, "0000:18:00.0");
   EXPECT_IN("3 ranks of group 'default' are on different MIG instances of 1 GPU: each has a device of its own, "
-            "so gpuguard lets the job continue. NCCL 2.30 and later tell MIG instances apart and accept them; NCCL "
-            "2.29 and earlier stop them with \"Duplicate GPU detected", report.message);
+            "so gpuguard lets the job continue. NCCL will not: it sees one GPU (2.30 and later compare the GPU's "
+            "UUID, which every instance reports to it, and stop with \"Multiple Ranks are using the same "
+            "GPU/Partition\" unless NCCL_MULTI_RANK_GPU_ENABLE=1; 2.29 and earlier compare the PCI bus id and stop "
+            "with \"Duplicate GPU detected\")", report.message);
   EXPECT_IN("GPU at PCI 0000:18:00.0 on node-a is split into MIG instances used by ranks 0, 1 and 2:", report.message);
   EXPECT_IN("rank 1: host node-a, cuda:0, local rank 1, pid 1001, "
             "CUDA_VISIBLE_DEVICES=MIG-1f2e3d4c-0002-5002-9002-aa0000000002, launcher torchrun", report.message);
@@ -181,9 +183,17 @@ TEST(Placement, DifferentMigInstancesOfOneGpuAreAWarningNamingNcclVersions) {
   unset.cuda_visible_devices.reset();  // the instance the driver showed first: named on its line
   EXPECT_IN("CUDA_VISIBLE_DEVICES unset, MIG-1f2e3d4c-0002-5002-9002-aa0000000002, launcher torchrun",
             gpuguard::analyze_placement({rank_on_mig(0, 3, 0), unset}).message);
-  EXPECT_IN("Fix: with NCCL 2.30 or later nothing is needed (NCCL_MULTI_RANK_GPU_ENABLE=1 is not", report.message);
-  EXPECT_IN("with NCCL 2.29 or earlier, upgrade NCCL, or give each rank a MIG instance on a different GPU",
-            report.message);
+  EXPECT_IN("Fix: with NCCL 2.30 or later set NCCL_MULTI_RANK_GPU_ENABLE=1 on every rank (safe here: the instances "
+            "are separate, and gpuguard still stops ranks that share one instance)", report.message);
+  EXPECT_IN("with NCCL 2.29 or earlier, which has no such switch, upgrade NCCL, or give each rank a MIG instance on "
+            "a different GPU", report.message);
+  // with the switch set on every rank: still a warning, now saying NCCL 2.30+ accepts them
+  std::vector<IdentityRecord> enabled = {rank_on_mig(0, 2, 0), rank_on_mig(1, 2, 1)};
+  for (auto& r : enabled) r.multi_rank_gpu_enabled = true;
+  report = gpuguard::analyze_placement(enabled);
+  EXPECT_EQ(report.severity, PlacementReport::Severity::kWarning);
+  EXPECT_IN("NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved, so NCCL 2.30 and later accept them; NCCL "
+            "2.29 and earlier, which have no such switch, stop them", report.message);
 }
 
 TEST(Placement, MigInstancesOfTheSameGpuOnDifferentHostsAreNotRelated) {

@@ -78,8 +78,9 @@ def test_ranks_on_different_instances_of_one_gpu_pass_with_a_warning(fake_gpus, 
     warning = [m for m in got[0]["log"] if "MIG instances" in m]
     assert warning, got[0]["log"]
     assert "3 ranks of group 'default' are on different MIG instances of 1 GPU: each has a device of its own, so " \
-           "gpuguard lets the job continue. NCCL 2.30 and later tell MIG instances apart and accept them" in warning[0]
-    assert "Fix: with NCCL 2.30 or later nothing is needed" in warning[0]
+           "gpuguard lets the job continue. NCCL will not: it sees one GPU" in warning[0]
+    assert "\"Multiple Ranks are using the same GPU/Partition\" unless NCCL_MULTI_RANK_GPU_ENABLE=1" in warning[0]
+    assert "Fix: with NCCL 2.30 or later set NCCL_MULTI_RANK_GPU_ENABLE=1 on every rank" in warning[0]
 
 
 def test_ranks_on_one_instance_fail_even_with_multi_rank_gpu_mode(fake_gpus, tmp_path):
