@@ -83,10 +83,13 @@ def test_spawned_processes_with_explicit_ranks_bind_distinct_gpus(fake_gpus, tmp
 
 
 def test_spawned_processes_given_one_local_rank_are_caught_through_the_store(fake_gpus, tmp_path):
+    uuid = fake_gpus.topology("h100x4")["gpus"][0]["uuid"]
     got = spawn(tmp_path, fake_gpus.env("h100x4"), 2, "same_local_rank")
     for r in got:
         assert r["error"] == "DuplicateDeviceError", r
-        assert "ranks 0 and 1" in r["message"] or "ranks 0, 1" in r["message"], r["message"]
+        assert r["message"].startswith("2 ranks of group 'default' share 1 GPU.")
+        assert f"GPU {uuid} (PCI 0000:18:00.0) is shared by ranks 0 and 1:" in r["message"]
+        assert "launcher explicit" in r["message"]
 
 
 def test_init_process_group_with_init_method_makes_the_store_once(fake_gpus, tmp_path):

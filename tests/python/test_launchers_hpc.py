@@ -1,11 +1,13 @@
 """Launchers gpuguard did not know before (Flux, HPE Cray PALS, HPE MPT, Horovod, Lightning's own launcher):
 each from the environment its own source sets, with the nestings seen on real systems. Before these classes,
-every case here was silently rank 0 of 1 or an error naming the wrong launcher. Pure: no driver, no process."""
+every case here was silently rank 0 of 1 or an error naming the wrong launcher. No driver; the node-rank test
+alone runs the real mpiexec.hydra and Open MPI mpiexec."""
 
 from __future__ import annotations
 
 import pytest
 
+from conftest import ROOT
 from gpuguard import LaunchEnvironmentError
 from gpuguard.binding.launchers import LAUNCHERS, detect
 
@@ -175,3 +177,32 @@ def test_forcing_a_new_launcher_by_name():
                           "SLURM_LOCALID": "0", "GPUGUARD_LAUNCHER": "flux"})) == ("flux", 6, 8, 2, None, None)
     with pytest.raises(LaunchEnvironmentError, match="not started by HPE Cray PALS mpiexec."):
         detect({"GPUGUARD_LAUNCHER": "pals"})
+
+
+DETECT = ("import json; from gpuguard.binding.launchers import detect; c = detect(); "
+          "print(json.dumps([c.launcher, c.rank, c.world_size, c.local_rank, c.local_world_size, c.node_rank]))")
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec.hydra", "mpiexec.openmpi"])
+def test_real_mpi_launchers_export_no_node_rank(launcher):
+    # read from the launchers themselves: Hydra sets PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS and no node
+    # index; Open MPI's OMPI_COMM_WORLD_NODE_RANK is "the relative rank of this process on this node looking
+    # across all jobs" (docs.open-mpi.org, tuning-apps/environment-var), not a node number
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which(launcher) is None:
+        pytest.skip(f"{launcher} is not installed (scripts/setup.sh installs mpich and openmpi-bin)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "PMIX_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "python"), *sys.path]))
+    args = [launcher, "-n", "2"] + (["--oversubscribe"] if launcher.endswith("openmpi") else [])
+    proc = subprocess.run(args + [sys.executable, "-c", DETECT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = sorted(json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    name = "mpich" if launcher.endswith("hydra") else "openmpi"
+    assert rows == [[name, 0, 2, 0, 2, None], [name, 1, 2, 1, 2, None]]
