@@ -195,7 +195,7 @@ def test_real_mpi_launchers_export_no_node_rank(launcher):
     import sys
 
     if shutil.which(launcher) is None:
-        pytest.skip(f"{launcher} is not installed (scripts/setup.sh installs mpich and openmpi-bin)")
+        pytest.skip(f"{launcher} is not installed (Debian packages mpich, openmpi-bin)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI", "PMIX_"))}
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "python"), *sys.path]))
