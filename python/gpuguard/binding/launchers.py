@@ -4,16 +4,20 @@ One small class per launcher behind one interface (``detect(env)``), tried in th
 ``LAUNCHERS``: innermost first. Launchers nest: ``srun torchrun ...`` gives each torchrun worker the SLURM
 variables of the torchrun *agent* (``SLURM_LOCALID=0`` for every worker); ``mpirun`` inside an allocation
 gives each MPI rank the SLURM variables of the MPI daemon; a Ray cluster started under SLURM gives every actor
-the raylet's. So the launchers that spawn the workers themselves (torchrun, the DeepSpeed launcher, Ray) are
+the raylet's. So the launchers that spawn the workers themselves (torchrun, the DeepSpeed launcher, horovodrun, Ray) are
 tried first, and their word is final: the outer launcher's variables describe their parent.
 
-Process managers that start this very process (jsrun, Open MPI, MVAPICH2, MPICH/Hydra and Intel MPI, PMIx,
-SLURM ``srun``, Kubeflow, plain ``RANK``/``LOCAL_RANK`` variables) are read together: the first one present
+Process managers that start this very process (jsrun, Open MPI, MVAPICH2, Flux, HPE Cray PALS, HPE MPT,
+MPICH/Hydra and Intel MPI, PMIx, SLURM ``srun``, Kubeflow, Lightning's launcher, plain ``RANK``/``LOCAL_RANK``
+variables) are read together: the first one present
 names the launcher, the others that describe the same set of processes (the same world size) fill the fields
 it lacks (PMIx exports only its rank) and must agree with it. ``LOCAL_RANK=0`` exported once in a batch script
 while ``srun`` gives ``SLURM_LOCALID=2`` is exactly the mistake that puts every rank on GPU 0, so disagreement
 is an error naming both variables, never a guess. ``GPUGUARD_LAUNCHER=<name>`` forces one launcher and turns
-the cross-checks off, for nestings this reasoning does not know.
+the cross-checks off, for nestings this reasoning does not know. A process no launcher describes (a
+``torch.multiprocessing.spawn`` child) is given its ranks as ``bind(rank=, world_size=, local_rank=)``
+(``explicit_context``); one that passes none is refused where "rank 0 of 1" is evidently wrong
+(``check_spawned_child``).
 """
 
 from __future__ import annotations
