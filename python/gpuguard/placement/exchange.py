@@ -32,7 +32,8 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
 Cost per rank, independent of N: a rank on a GPU of its own makes 6 store operations: set ``rec``,
 compare_set ``owner``, add ``host``, add ``arrived``, then wait + get ``verdict``. A rank that finds its GPU
 taken adds 3 (add ``dev/n``, set its slot, add ``shared_ranks``), and the second one on a GPU 2 more
-(``shared/n``, ``shared/<i>``). The last arriver writes the verdict instead of waiting for it, after reading
+(``shared/n``, ``shared/<i>``). A rank on a MIG instance adds 1 (compare_set of its GPU's ``owner``), or 3
+to 5 when another instance of that GPU was claimed first (the same pattern under ``gpu/``). The last arriver writes the verdict instead of waiting for it, after reading
 at most 16 shared GPUs × 16 records plus their counters, so even a job in which every rank shares is
 bounded. Bytes stored per rank: its record twice (``rec`` and ``owner`` or its slot, ~150 bytes each) plus
 shared counters. On a timeout, the one reporting rank finds the missing ranks with one ``check`` per 256
