@@ -370,7 +370,9 @@ class Analyzer {
         else ++it->second;
       }
     }
-    if (kinds.empty()) {
+    bool duplicates_explained = false;  // a MIG-split GPU's note explains nothing about a shared device
+    for (const auto& f : found) duplicates_explained = duplicates_explained || (!f.first.warning_only && !f.second.empty());
+    if (!warning && !duplicates_explained) {
       out += "\nLikely cause: not recognised; the ranks resolved the same GPU through different settings (compare "
              "their CUDA_VISIBLE_DEVICES and cuda:N above).\nFix: make each rank of the group select a different GPU, "
              "e.g. with gpuguard.bind() at the start of every rank.\n";

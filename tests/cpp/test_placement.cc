@@ -222,6 +222,10 @@ TEST(Placement, TwoRanksOnOneMigInstanceAreAnErrorEvenWithMultiRankGpuMode) {
   // rank 2 on another instance of that GPU is listed too, as allowed
   EXPECT_IN("is split into MIG instances used by ranks 0, 1 and 2 [different instances: allowed]:", report.message);
   EXPECT_TRUE(has_cause(report, PlacementCause::kMigInstancesOfOneGpu));
+  // one instance shared for no recognised reason: said so, although the split GPU's note has a cause
+  a.cuda_visible_devices.reset();
+  report = gpuguard::analyze_placement({a, b, c});
+  EXPECT_IN("Likely cause: not recognised", report.message);
 }
 
 TEST(Placement, FailedAndGpulessRanksTakeNoPart) {
