@@ -40,6 +40,7 @@ enum CUdevice_attribute : int {
 
 // Used by diagnostics (peer access, peer copies); a driver lacking them still enumerates.
 #define GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(X)                                                          \
+  X(cuDeviceGetUuid, CUresult, (CUuuid * uuid, CUdevice device))                                    \
   X(cuDeviceCanAccessPeer, CUresult, (int* can_access, CUdevice device, CUdevice peer))             \
   X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext * context, CUdevice device))                     \
   X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice device))                                      \

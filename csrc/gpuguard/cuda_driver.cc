@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 
 namespace gpuguard {
@@ -136,6 +137,14 @@ Result<DeviceInfo> CudaDriver::device(int ordinal) {
   cu::CUuuid uuid{};
   GPUGUARD_CU(cuDeviceGetUuid_v2, &uuid, dev);
   info.uuid = format_gpu_uuid(reinterpret_cast<const unsigned char*>(uuid.bytes));
+  // A MIG device: cuDeviceGetUuid_v2 gives the instance's UUID ("If the device is in MIG mode, returns its MIG
+  // UUID"), the legacy cuDeviceGetUuid the GPU's; they differ only there. Named as nvidia-smi -L and
+  // CUDA_VISIBLE_DEVICES name it, MIG-<uuid>, so ranks on different instances of one GPU stay apart.
+  if (CudaDriver::instance().fn().cuDeviceGetUuid != nullptr) {
+    cu::CUuuid gpu_uuid{};
+    GPUGUARD_CU(cuDeviceGetUuid, &gpu_uuid, dev);
+    if (std::memcmp(gpu_uuid.bytes, uuid.bytes, sizeof(uuid.bytes)) != 0) info.uuid = "MIG-" + info.uuid.substr(4);
+  }
 
   char bus_id[64] = {0};
   GPUGUARD_CU(cuDeviceGetPCIBusId, bus_id, static_cast<int>(sizeof(bus_id) - 1), dev);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <tuple>
 #include <utility>
 
 namespace gpuguard {
@@ -24,6 +25,8 @@ std::string join_ranks(const std::vector<const IdentityRecord*>& rs, std::size_t
   if (rs.size() > limit) out += " and " + std::to_string(rs.size() - limit) + " more";
   return out;
 }
+
+bool is_mig(const IdentityRecord& r) { return r.gpu_uuid.rfind("MIG-", 0) == 0; }
 
 std::string host_label(const IdentityRecord& r) { return r.hostname.empty() ? "an unnamed host" : r.hostname; }
 
@@ -57,9 +60,14 @@ class Analyzer {
     PlacementReport report;
     // (group, uuid) -> records. Sharing across groups is allowed (colocated roles); within a group it is not.
     std::map<std::pair<std::string, std::string>, std::vector<const IdentityRecord*>> by_device;
+    // (group, host, PCI bus id) -> ranks on MIG instances of that GPU
+    std::map<std::tuple<std::string, std::uint64_t, std::string>, std::vector<const IdentityRecord*>> by_gpu;
+    std::set<std::pair<std::string, int>> seen;  // the exchange may hand a record over twice
     for (const auto& r : records_) {
       if (r.gpu_uuid.empty() || r.failure_kind) continue;
+      if (!seen.insert({r.group, r.rank}).second) continue;
       by_device[{r.group, r.gpu_uuid}].push_back(&r);
+      if (is_mig(r) && !r.pci_bus_id.empty()) by_gpu[{r.group, r.host_hash, r.pci_bus_id}].push_back(&r);
       host_counts_[{r.group, r.host_hash}] += 1;
     }
     std::vector<std::pair<SharedDevice, std::vector<CauseText>>> found;
@@ -77,9 +85,32 @@ class Analyzer {
       }
       d.total_ranks = total;
       for (const auto* r : rs) d.ranks.push_back(*r);
-      d.warning_only = std::all_of(rs.begin(), rs.end(), [](const IdentityRecord* r) { return r->multi_rank_gpu_enabled; });
       std::vector<CauseText> causes = explain(rs, d.group);
       for (const auto& c : causes) d.causes.push_back(c.cause);
+      found.emplace_back(std::move(d), std::move(causes));
+    }
+    for (auto& [key, rs] : by_gpu) {
+      std::set<std::string> instances;
+      for (const auto* r : rs) instances.insert(r->gpu_uuid);
+      if (instances.size() < 2) continue;
+      std::sort(rs.begin(), rs.end(), [](const IdentityRecord* a, const IdentityRecord* b) { return a->rank < b->rank; });
+      SharedDevice d;
+      d.group = std::get<0>(key);
+      d.pci_bus_id = std::get<2>(key);
+      d.total_ranks = static_cast<int>(rs.size());
+      d.warning_only = true;
+      for (const auto* r : rs) d.ranks.push_back(*r);
+      d.causes.push_back(PlacementCause::kMigInstancesOfOneGpu);
+      std::vector<CauseText> causes{{PlacementCause::kMigInstancesOfOneGpu,
+                                     "ranks " + join_ranks(rs) + " are on " + std::to_string(instances.size()) +
+                                         " different MIG instances of the GPU at PCI " + d.pci_bus_id + " on " +
+                                         host_label(*rs.front()) +
+                                         ": separate devices to CUDA, but one GPU to NCCL, which compares the PCI "
+                                         "bus id (2.29 and earlier) or the GPU's UUID (2.30 and later)",
+                                     "with NCCL 2.30 or later set NCCL_MULTI_RANK_GPU_ENABLE=1 on every rank (safe "
+                                     "here: the instances are separate, and gpuguard still stops ranks that share "
+                                     "one instance); with NCCL 2.29 or earlier, which has no such switch, upgrade "
+                                     "NCCL, or give each rank a MIG instance on a different GPU (or a whole GPU)"}};
       found.emplace_back(std::move(d), std::move(causes));
     }
     if (found.empty()) return report;
@@ -89,9 +120,16 @@ class Analyzer {
     bool any_error = false;
     for (const auto& f : found) any_error = any_error || !f.first.warning_only;
     report.severity = any_error ? PlacementReport::Severity::kError : PlacementReport::Severity::kWarning;
-    report.shared_devices_total = std::max(static_cast<int>(found.size()), ctx_.shared_devices_total);
-    for (const auto& f : found) report.ranks_sharing_total += f.first.total_ranks;
-    report.ranks_sharing_total = std::max(report.ranks_sharing_total, ctx_.ranks_sharing_total);
+    // The totals count what the severity is about: shared devices in an error, MIG-split GPUs in a warning.
+    int counted_devices = 0;
+    for (const auto& f : found) {
+      if (f.first.warning_only != any_error) {
+        ++counted_devices;
+        report.ranks_sharing_total += f.first.total_ranks;
+      }
+    }
+    report.shared_devices_total = any_error ? std::max(counted_devices, ctx_.shared_devices_total) : counted_devices;
+    if (any_error) report.ranks_sharing_total = std::max(report.ranks_sharing_total, ctx_.ranks_sharing_total);
     for (const auto& f : found) {
       for (auto c : f.first.causes) {
         if (std::find(report.causes.begin(), report.causes.end(), c) == report.causes.end()) report.causes.push_back(c);
@@ -153,7 +191,15 @@ class Analyzer {
       return r->cuda_visible_devices && !r->cuda_visible_devices->empty() &&
              *r->cuda_visible_devices == *first.cuda_visible_devices;
     });
-    if (same_cvd) {
+    if (same_cvd && is_mig(first)) {
+      // a process sees one MIG device, so neither $LOCAL_RANK nor bind() can pick another: the variable must
+      out.push_back({PlacementCause::kSameVisibleDevices,
+                     "every rank on it was given CUDA_VISIBLE_DEVICES=" + *first.cuda_visible_devices +
+                         ", so each got the same MIG instance",
+                     "give each rank its own MIG instance: a different CUDA_VISIBLE_DEVICES=MIG-<uuid> per process "
+                     "(nvidia-smi -L lists them), or your scheduler's per-task GPU binding on MIG devices (e.g. "
+                     "srun --gpus-per-task=1 with MIG in gres.conf)"});
+    } else if (same_cvd) {
       out.push_back({PlacementCause::kSameVisibleDevices,
                      "every rank on it was given CUDA_VISIBLE_DEVICES=" + *first.cuda_visible_devices +
                          ", so each picked the same GPU",
@@ -258,6 +304,7 @@ class Analyzer {
                        std::to_string(r.gpu_index) + ", local rank " +
                        (r.local_rank >= 0 ? std::to_string(r.local_rank) : std::string("unknown")) + ", pid " +
                        std::to_string(r.pid) + ", " + visible_label(r);
+    if (is_mig(r) && r.cuda_visible_devices.value_or("") != r.gpu_uuid) line += ", " + r.gpu_uuid;
     if (r.gpu_fraction) line += ", Ray num_gpus=" + fraction_label(*r.gpu_fraction);
     if (!r.launcher.empty()) line += ", launcher " + r.launcher;
     return line + "\n";
@@ -272,14 +319,45 @@ class Analyzer {
     for (const auto& g : groups) group_text += (group_text.empty() ? "'" : ", '") + g + "'";
     std::string out;
     const bool warning = report.severity == PlacementReport::Severity::kWarning;
-    out += std::to_string(ranks_sharing) + " ranks of group " + group_text + " share " +
-           plural(report.shared_devices_total, "GPU", "GPUs") + ".";
+    bool any_mig = false, all_multi_rank = true;
+    for (const auto& f : found) {
+      if (f.first.warning_only) continue;
+      any_mig = any_mig || is_mig(f.first.ranks.front());
+      for (const auto& r : f.first.ranks) all_multi_rank = all_multi_rank && r.multi_rank_gpu_enabled;
+    }
     if (warning) {
-      out += " NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved, so NCCL 2.30 and later allow it; "
-             "gpuguard lets the job continue (the ranks split that GPU's memory and compute).\n";
+      bool split_multi_rank = true;
+      for (const auto& f : found) {
+        for (const auto& r : f.first.ranks) split_multi_rank = split_multi_rank && r.multi_rank_gpu_enabled;
+      }
+      // NCCL >= 2.30 compares cuDeviceGetUuid loaded at CUDA 9.2's ABI (src/misc/cudawrap.cc:
+      // LOAD_SYM(cuDeviceGetUuid, 9020)), the legacy entry point, which gives a MIG device its GPU's UUID.
+      out += std::to_string(ranks_sharing) + " ranks of group " + group_text + " are on different MIG instances of " +
+             plural(report.shared_devices_total, "GPU", "GPUs") + ": each has a device of its own, so gpuguard lets "
+             "the job continue. ";
+      out += split_multi_rank
+                 ? "NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved, so NCCL 2.30 and later accept them; "
+                   "NCCL 2.29 and earlier, which have no such switch, stop them with \"Duplicate GPU detected : rank A "
+                   "and rank B both on CUDA device <bus id>\".\n"
+                 : "NCCL will not: it sees one GPU (2.30 and later compare the GPU's UUID, which every instance "
+                   "reports to it, and stop with \"Multiple Ranks are using the same GPU/Partition\" unless "
+                   "NCCL_MULTI_RANK_GPU_ENABLE=1; 2.29 and earlier compare the PCI bus id and stop with \"Duplicate "
+                   "GPU detected\").\n";
     } else {
-      out += " NCCL would stop them with \"Duplicate GPU detected\" (NCCL 2.30+: \"Multiple Ranks are using the "
-             "same GPU/Partition\") or hang; gpuguard stopped every rank before that.\n";
+      out += std::to_string(ranks_sharing) + " ranks of group " + group_text + " share " +
+             plural(report.shared_devices_total, any_mig ? "device" : "GPU", any_mig ? "devices" : "GPUs") +
+             (any_mig ? " (a GPU or one MIG instance)" : "") + ".";
+      if (all_multi_rank) {
+        out += " NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: it turns off NCCL 2.30's own check "
+               "(\"Multiple Ranks are using the same GPU/Partition\"), so nothing else would stop them and they "
+               "would split one device's memory and compute; gpuguard stops every rank all the same. That variable "
+               "is right only for ranks meant to share a device, and those belong in different gpuguard groups "
+               "(bind(group=...)), which may share.\n";
+      } else {
+        out += " NCCL would stop them with \"Duplicate GPU detected\" (NCCL 2.30+: \"Multiple Ranks are using the "
+               "same GPU/Partition\"; NCCL_MULTI_RANK_GPU_ENABLE=1 would silence that, not fix it) or hang; gpuguard "
+               "stopped every rank before that.\n";
+      }
     }
     int listed = 0;
     for (const auto& [d, causes] : found) {
@@ -287,13 +365,20 @@ class Analyzer {
       ++listed;
       std::vector<const IdentityRecord*> rs;
       for (const auto& r : d.ranks) rs.push_back(&r);
-      out += "\n  GPU " + d.gpu_uuid + " (PCI " + (d.pci_bus_id.empty() ? std::string("unknown") : d.pci_bus_id) +
-             ") is shared by ranks " + join_ranks(rs) +
-             (d.total_ranks > static_cast<int>(d.ranks.size())
-                  ? " (" + std::to_string(d.total_ranks) + " ranks in all)"
-                  : std::string()) +
-             (groups.size() > 1 ? " of group '" + d.group + "'" : std::string()) +
-             (d.warning_only && !warning ? " [allowed: NCCL_MULTI_RANK_GPU_ENABLE=1]" : "") + ":\n";
+      const std::string pci = d.pci_bus_id.empty() ? std::string("unknown") : d.pci_bus_id;
+      if (d.warning_only) {
+        out += "\n  GPU at PCI " + pci + " on " + host_label(d.ranks.front()) + " is split into MIG instances used by "
+               "ranks " + join_ranks(rs) + (groups.size() > 1 ? " of group '" + d.group + "'" : std::string()) +
+               (warning ? "" : " [different instances: allowed]") + ":\n";
+      } else {
+        out += "\n  " + (is_mig(d.ranks.front()) ? "MIG instance " + d.gpu_uuid + " of the GPU at PCI " + pci
+                                                 : "GPU " + d.gpu_uuid + " (PCI " + pci + ")") +
+               " is shared by ranks " + join_ranks(rs) +
+               (d.total_ranks > static_cast<int>(d.ranks.size())
+                    ? " (" + std::to_string(d.total_ranks) + " ranks in all)"
+                    : std::string()) +
+               (groups.size() > 1 ? " of group '" + d.group + "'" : std::string()) + ":\n";
+      }
       int shown = 0;
       for (const auto& r : d.ranks) {
         if (shown == kReportMaxRanksPerDevice) break;
@@ -314,7 +399,9 @@ class Analyzer {
         else ++it->second;
       }
     }
-    if (kinds.empty()) {
+    bool duplicates_explained = false;  // a MIG-split GPU's note explains nothing about a shared device
+    for (const auto& f : found) duplicates_explained = duplicates_explained || (!f.first.warning_only && !f.second.empty());
+    if (!warning && !duplicates_explained) {
       out += "\nLikely cause: not recognised; the ranks resolved the same GPU through different settings (compare "
              "their CUDA_VISIBLE_DEVICES and cuda:N above).\nFix: make each rank of the group select a different GPU, "
              "e.g. with gpuguard.bind() at the start of every rank.\n";
@@ -344,6 +431,7 @@ const char* placement_cause_name(PlacementCause cause) {
     case PlacementCause::kGlobalRankAsLocal: return "global_rank_as_local_rank";
     case PlacementCause::kContainersShareGpu: return "containers_share_gpu";
     case PlacementCause::kLaunchersShareHost: return "launchers_share_host";
+    case PlacementCause::kMigInstancesOfOneGpu: return "mig_instances_of_one_gpu";
   }
   return "unknown";
 }

@@ -30,7 +30,10 @@ enum class PlacementCause {
   kGlobalRankAsLocal,     // local rank equals the global rank past the first node
   kContainersShareGpu,    // different hosts (hostnames) report the same GPU UUID
   kLaunchersShareHost,    // several launcher agents on one host, each handing out the same local ranks
+  kMigInstancesOfOneGpu,  // ranks on different MIG instances of one GPU: distinct devices (a warning, not an error)
 };
+// How many causes there are: keep it the last one's value + 1 (the bindings read names back through it).
+constexpr int kPlacementCauseCount = static_cast<int>(PlacementCause::kMigInstancesOfOneGpu) + 1;
 const char* placement_cause_name(PlacementCause cause);
 
 struct SharedDevice {
@@ -40,7 +43,8 @@ struct SharedDevice {
   int total_ranks = 0;                 // may exceed ranks.size() when the exchange capped the sample
   std::vector<IdentityRecord> ranks;   // sorted by rank
   std::vector<PlacementCause> causes;
-  bool warning_only = false;           // every rank on it set NCCL_MULTI_RANK_GPU_ENABLE=1
+  bool warning_only = false;           // not a shared device: different MIG instances of one GPU (gpu_uuid
+                                       // empty, pci_bus_id the GPU's, ranks one or more per instance)
 };
 
 struct PlacementReport {
@@ -56,7 +60,12 @@ struct PlacementReport {
 };
 
 // Groups records by (group, GPU UUID); sharing across different groups is allowed and not reported.
-// Records without a GPU, or with a failure, take no part.
+// Records without a GPU, or with a failure, take no part; a record given twice counts once. Ranks of a group
+// on different MIG instances ("MIG-..." UUIDs) of one GPU (same host, same PCI bus id) are reported as a
+// warning: distinct devices, which NCCL refuses (<= 2.29 compares PCI bus ids; >= 2.30 the GPU's UUID, unless
+// NCCL_MULTI_RANK_GPU_ENABLE=1).
+// Ranks on one device (GPU or MIG instance) are an error even with NCCL_MULTI_RANK_GPU_ENABLE=1, which
+// only switches NCCL's own check off.
 PlacementReport analyze_placement(const std::vector<IdentityRecord>& records, const PlacementContext& context = {});
 
 // How many devices and ranks per device the report lists before summarising the rest.

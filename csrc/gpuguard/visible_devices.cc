@@ -183,6 +183,15 @@ std::optional<VisibleDevicesProblem> find_rejected_entry(const VisibleDevices& s
   const std::string shown = "the driver shows " + std::to_string(position) + " device" + (position == 1 ? "" : "s") +
                             " and ignores everything from it on";
   using P = VisibleDevicesProblem;
+  for (const auto& uuid : visible_uuids) {
+    if (lower(uuid).rfind("mig-", 0) != 0) continue;
+    // MIG user guide, "CUDA Device Enumeration": a CUDA process enumerates a single MIG device (the first one
+    // available), and no non-MIG GPU once a MIG device is enumerated; the rest of the list is not an error
+    // of the driver's but is never shown.
+    return problem(P::Kind::kRejected, position, e.text,
+                   label + " is not shown: CUDA enumerates a single MIG device per process (here " + uuid +
+                       ") and no other GPU beside it, whatever CUDA_VISIBLE_DEVICES lists; " + shown);
+  }
   switch (e.kind) {
     case VisibleEntry::Kind::kIndex:
       return problem(P::Kind::kRejected, position, e.text,

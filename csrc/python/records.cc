@@ -199,7 +199,7 @@ void bind_records(py::module_& m) {
   auto causes_named = [](const std::vector<std::string>& names) {
     std::vector<PlacementCause> out;
     for (const auto& n : names) {
-      out.push_back(enum_named<PlacementCause>(n, 6, gpuguard::placement_cause_name, "placement cause"));
+      out.push_back(enum_named<PlacementCause>(n, gpuguard::kPlacementCauseCount, gpuguard::placement_cause_name, "placement cause"));
     }
     return out;
   };

@@ -137,15 +137,95 @@ TEST(Placement, ContainersWithDifferentHostnamesOnOneGpu) {
   EXPECT_IN("report different hosts (pod-a, pod-b) but the same GPU", report.message);
 }
 
-TEST(Placement, MultiRankGpuModeMakesItAWarning) {
+TEST(Placement, MultiRankGpuModeDoesNotSilenceATrueDuplicate) {
+  // NCCL_MULTI_RANK_GPU_ENABLE=1 turns NCCL's own check off; the ranks still sit on one device
   auto a = rank_on(0, 2, 0, 0, 1);
   auto b = rank_on(1, 2, 0, 0, 1);
   a.multi_rank_gpu_enabled = b.multi_rank_gpu_enabled = true;
   auto report = gpuguard::analyze_placement({a, b});
+  EXPECT_EQ(report.severity, PlacementReport::Severity::kError);
+  EXPECT_IN("2 ranks of group 'default' share 1 GPU. NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: "
+            "it turns off NCCL 2.30's own check (\"Multiple Ranks are using the same GPU/Partition\"), so nothing "
+            "else would stop them", report.message);
+  EXPECT_IN("gpuguard stops every rank all the same", report.message);
+  b.multi_rank_gpu_enabled = false;
+  report = gpuguard::analyze_placement({a, b});
+  EXPECT_EQ(report.severity, PlacementReport::Severity::kError);
+  EXPECT_IN("NCCL_MULTI_RANK_GPU_ENABLE=1 would silence that, not fix it", report.message);
+}
+
+IdentityRecord rank_on_mig(int rank, int world, int instance, const std::string& host = "node-a") {
+  const char* kMig[] = {"MIG-1f2e3d4c-0001-5001-9001-aa0000000001", "MIG-1f2e3d4c-0002-5002-9002-aa0000000002",
+                        "MIG-1f2e3d4c-0003-5003-9003-aa0000000003"};
+  IdentityRecord r = rank_on(rank, world, 0, 0, 1, host);  // every instance: cuda:0 of its process, GPU 0's PCI id
+  r.gpu_uuid = kMig[instance];
+  r.cuda_visible_devices = std::string(kMig[instance]);
+  return r;
+}
+
+TEST(Placement, DifferentMigInstancesOfOneGpuAreAWarningNamingNcclVersions) {
+  auto report = gpuguard::analyze_placement({rank_on_mig(0, 3, 0), rank_on_mig(1, 3, 1), rank_on_mig(2, 3, 2)});
+  ASSERT_EQ(report.severity, PlacementReport::Severity::kWarning);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kMigInstancesOfOneGpu));
+  ASSERT_EQ(report.shared.size(), 1u);
+  EXPECT_TRUE(report.shared[0].warning_only);
+  EXPECT_EQ(report.shared[0].gpu_uuid, "");
+  EXPECT_EQ(report.shared[0].pci_bus_id, "0000:18:00.0");
+  EXPECT_IN("3 ranks of group 'default' are on different MIG instances of 1 GPU: each has a device of its own, "
+            "so gpuguard lets the job continue. NCCL will not: it sees one GPU (2.30 and later compare the GPU's "
+            "UUID, which every instance reports to it, and stop with \"Multiple Ranks are using the same "
+            "GPU/Partition\" unless NCCL_MULTI_RANK_GPU_ENABLE=1; 2.29 and earlier compare the PCI bus id and stop "
+            "with \"Duplicate GPU detected\")", report.message);
+  EXPECT_IN("GPU at PCI 0000:18:00.0 on node-a is split into MIG instances used by ranks 0, 1 and 2:", report.message);
+  EXPECT_IN("rank 1: host node-a, cuda:0, local rank 1, pid 1001, "
+            "CUDA_VISIBLE_DEVICES=MIG-1f2e3d4c-0002-5002-9002-aa0000000002, launcher torchrun", report.message);
+  auto unset = rank_on_mig(1, 3, 1);
+  unset.cuda_visible_devices.reset();  // the instance the driver showed first: named on its line
+  EXPECT_IN("CUDA_VISIBLE_DEVICES unset, MIG-1f2e3d4c-0002-5002-9002-aa0000000002, launcher torchrun",
+            gpuguard::analyze_placement({rank_on_mig(0, 3, 0), unset}).message);
+  EXPECT_IN("Fix: with NCCL 2.30 or later set NCCL_MULTI_RANK_GPU_ENABLE=1 on every rank (safe here: the instances "
+            "are separate, and gpuguard still stops ranks that share one instance)", report.message);
+  EXPECT_IN("with NCCL 2.29 or earlier, which has no such switch, upgrade NCCL, or give each rank a MIG instance on "
+            "a different GPU", report.message);
+  // with the switch set on every rank: still a warning, now saying NCCL 2.30+ accepts them
+  std::vector<IdentityRecord> enabled = {rank_on_mig(0, 2, 0), rank_on_mig(1, 2, 1)};
+  for (auto& r : enabled) r.multi_rank_gpu_enabled = true;
+  report = gpuguard::analyze_placement(enabled);
   EXPECT_EQ(report.severity, PlacementReport::Severity::kWarning);
-  EXPECT_IN("NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved", report.message);
-  b.multi_rank_gpu_enabled = false;  // one rank without it: NCCL refuses, so gpuguard does too
-  EXPECT_EQ(gpuguard::analyze_placement({a, b}).severity, PlacementReport::Severity::kError);
+  EXPECT_IN("NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved, so NCCL 2.30 and later accept them; NCCL "
+            "2.29 and earlier, which have no such switch, stop them", report.message);
+}
+
+TEST(Placement, MigInstancesOfTheSameGpuOnDifferentHostsAreNotRelated) {
+  auto report = gpuguard::analyze_placement({rank_on_mig(0, 2, 0, "node-a"), rank_on_mig(1, 2, 1, "node-b")});
+  EXPECT_EQ(report.severity, PlacementReport::Severity::kOk);
+}
+
+TEST(Placement, TwoRanksOnOneMigInstanceAreAnErrorEvenWithMultiRankGpuMode) {
+  auto a = rank_on_mig(0, 3, 1);
+  auto b = rank_on_mig(1, 3, 1);
+  auto c = rank_on_mig(2, 3, 2);
+  a.multi_rank_gpu_enabled = b.multi_rank_gpu_enabled = c.multi_rank_gpu_enabled = true;
+  auto report = gpuguard::analyze_placement({a, b, c, b});  // b twice: the exchange may hand a record over twice
+  ASSERT_EQ(report.severity, PlacementReport::Severity::kError);
+  EXPECT_EQ(report.shared_devices_total, 1);
+  EXPECT_EQ(report.ranks_sharing_total, 2);
+  EXPECT_IN("2 ranks of group 'default' share 1 device (a GPU or one MIG instance). NCCL_MULTI_RANK_GPU_ENABLE=1 is "
+            "set on every rank involved", report.message);
+  EXPECT_IN("MIG instance MIG-1f2e3d4c-0002-5002-9002-aa0000000002 of the GPU at PCI 0000:18:00.0 is shared by "
+            "ranks 0 and 1:", report.message);
+  EXPECT_IN("every rank on it was given CUDA_VISIBLE_DEVICES=MIG-1f2e3d4c-0002-5002-9002-aa0000000002, so each "
+            "got the same MIG instance", report.message);
+  EXPECT_IN("Fix: give each rank its own MIG instance: a different CUDA_VISIBLE_DEVICES=MIG-<uuid> per process "
+            "(nvidia-smi -L lists them)", report.message);
+  EXPECT_EQ(report.message.find("$LOCAL_RANK"), std::string::npos);  // one MIG device per process: no index to pick
+  // rank 2 on another instance of that GPU is listed too, as allowed
+  EXPECT_IN("is split into MIG instances used by ranks 0, 1 and 2 [different instances: allowed]:", report.message);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kMigInstancesOfOneGpu));
+  // one instance shared for no recognised reason: said so, although the split GPU's note has a cause
+  a.cuda_visible_devices.reset();
+  report = gpuguard::analyze_placement({a, b, c});
+  EXPECT_IN("Likely cause: not recognised", report.message);
 }
 
 TEST(Placement, FailedAndGpulessRanksTakeNoPart) {

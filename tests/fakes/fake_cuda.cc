@@ -5,12 +5,20 @@
 // index, a full GPU UUID or a unique UUID prefix (with or without "GPU-"); enumeration stops at the first
 // invalid, ambiguous or repeated entry; an empty value (or a first entry that is invalid) means no devices,
 // which cuInit reports as CUDA_ERROR_NO_DEVICE.
+//
+// MIG (a topology GPU with "mig" instances), as the MIG user guide's "CUDA Device Enumeration" describes it:
+// an entry "MIG-<uuid>" selects that instance; a MIG-enabled GPU named by index or UUID (or all GPUs, with the
+// variable unset) offers its instances; and "a single CUDA process can only enumerate a single MIG device" --
+// the first instance offered -- while "CUDA will not enumerate non-MIG GPU if any compute instance is
+// enumerated". cuDeviceGetUuid_v2 returns the instance's UUID ("If the device is in MIG mode, returns its MIG
+// UUID", CUDA driver API), the legacy cuDeviceGetUuid the parent GPU's; the PCI bus id is the parent's.
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "topology.h"
@@ -35,7 +43,8 @@ struct State {
   bool initialized = false;
   int init_result = kNotInitialized;
   gpuguard_fake::Topology topology;
-  std::vector<int> visible;  // visible ordinal -> topology index
+  std::vector<int> visible;  // visible ordinal -> topology index (a MIG instance: its parent GPU's)
+  std::vector<const gpuguard_fake::FakeGpu*> visible_devices;  // visible ordinal -> the GPU or MIG instance
   std::vector<int> current;  // per-thread would be truer; one current device per process is enough here
 };
 
@@ -76,11 +85,49 @@ int resolve_entry(const std::string& raw, const gpuguard_fake::Topology& topo) {
   return found;
 }
 
-std::vector<int> visible_devices(const gpuguard_fake::Topology& topo) {
+// A "MIG-<uuid>" entry (the whole uuid, or a unique prefix of it): {GPU index, instance index}, or {-1, -1}.
+std::pair<int, int> resolve_mig_entry(const std::string& raw, const gpuguard_fake::Topology& topo) {
+  std::string entry = trim(raw);
+  for (auto& c : entry) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (entry.rfind("mig-", 0) != 0 || entry.size() == 4) return {-1, -1};
+  std::pair<int, int> found{-1, -1};
+  for (size_t i = 0; i < topo.gpus.size(); ++i) {
+    for (size_t m = 0; m < topo.gpus[i].mig.size(); ++m) {
+      // canonical "MIG-" + lowercase hex: compare the lowercase bodies
+      if (topo.gpus[i].mig[m].uuid.compare(4, entry.size() - 4, entry, 4) == 0) {
+        if (found.first >= 0) return {-1, -1};
+        found = {static_cast<int>(i), static_cast<int>(m)};
+      }
+    }
+  }
+  return found;
+}
+
+// The enumeration rules above, applied to the GPUs the variable selected (in its order).
+void enumerate(const gpuguard_fake::Topology& topo, const std::vector<std::pair<int, int>>& selected,
+               std::vector<int>& visible, std::vector<const gpuguard_fake::FakeGpu*>& devices) {
+  for (const auto& [index, instance] : selected) {
+    const auto& g = topo.gpus[static_cast<size_t>(index)];
+    if (instance >= 0 || !g.mig.empty()) {  // the first MIG device offered is the only device
+      visible.assign(1, index);
+      devices.assign(1, &g.mig[static_cast<size_t>(instance >= 0 ? instance : 0)]);
+      return;
+    }
+  }
+  for (const auto& sel : selected) {
+    visible.push_back(sel.first);
+    devices.push_back(&topo.gpus[static_cast<size_t>(sel.first)]);
+  }
+}
+
+std::vector<int> visible_devices(const gpuguard_fake::Topology& topo,
+                                 std::vector<const gpuguard_fake::FakeGpu*>& devices) {
   std::vector<int> all;
+  std::vector<std::pair<int, int>> selected;
   const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
   if (env == nullptr) {
-    for (size_t i = 0; i < topo.gpus.size(); ++i) all.push_back(static_cast<int>(i));
+    for (size_t i = 0; i < topo.gpus.size(); ++i) selected.emplace_back(static_cast<int>(i), -1);
+    enumerate(topo, selected, all, devices);
     return all;
   }
   std::string value = env;
@@ -88,14 +135,16 @@ std::vector<int> visible_devices(const gpuguard_fake::Topology& topo) {
   while (start <= value.size()) {
     size_t comma = value.find(',', start);
     std::string entry = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    int index = resolve_entry(entry, topo);
+    std::pair<int, int> sel = resolve_mig_entry(entry, topo);
+    if (sel.first < 0) sel = {resolve_entry(entry, topo), -1};
     bool repeated = false;
-    for (int v : all) repeated = repeated || v == index;
-    if (index < 0 || repeated) break;
-    all.push_back(index);
+    for (const auto& v : selected) repeated = repeated || v == sel;
+    if (sel.first < 0 || repeated) break;
+    selected.push_back(sel);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
+  enumerate(topo, selected, all, devices);
   return all;
 }
 
@@ -108,7 +157,7 @@ int check_device(int device) {
 
 const gpuguard_fake::FakeGpu& gpu(int device) {
   State& s = state();
-  return s.topology.gpus[static_cast<size_t>(s.visible[static_cast<size_t>(device)])];
+  return *s.visible_devices[static_cast<size_t>(device)];
 }
 
 // Fake contexts and device memory: a context is (device + 1) cast to a pointer; device memory is host memory.
@@ -181,7 +230,7 @@ __attribute__((visibility("default"))) int cuInit(unsigned int flags) {
     s.init_result = kUnknown;
     return s.init_result;
   }
-  s.visible = visible_devices(s.topology);
+  s.visible = visible_devices(s.topology, s.visible_devices);
   s.init_result = s.visible.empty() ? kNoDevice : kSuccess;
   return s.init_result;
 }
@@ -230,7 +279,9 @@ __attribute__((visibility("default"))) int cuDeviceGetUuid_v2(unsigned char* uui
 }
 
 __attribute__((visibility("default"))) int cuDeviceGetUuid(unsigned char* uuid, int device) {
-  return cuDeviceGetUuid_v2(uuid, device);
+  int rc = cuDeviceGetUuid_v2(uuid, device);
+  if (rc == kSuccess && gpu(device).is_mig) std::memcpy(uuid, gpu(device).parent_uuid_bytes, 16);
+  return rc;
 }
 
 __attribute__((visibility("default"))) int cuDeviceTotalMem_v2(size_t* bytes, int device) {

@@ -16,9 +16,9 @@ namespace gpuguard_fake {
 
 namespace {
 
-void parse_uuid(FakeGpu& gpu) {
+void parse_uuid(FakeGpu& gpu, const char* prefix = "GPU-") {
   std::string hex;
-  std::string body = gpu.uuid.rfind("GPU-", 0) == 0 ? gpu.uuid.substr(4) : gpu.uuid;
+  std::string body = gpu.uuid.rfind(prefix, 0) == 0 ? gpu.uuid.substr(4) : gpu.uuid;
   for (char c : body) {
     if (c == '-') continue;
     if (!isxdigit(static_cast<unsigned char>(c))) throw std::runtime_error("uuid " + gpu.uuid + " is not hex");
@@ -31,8 +31,8 @@ void parse_uuid(FakeGpu& gpu) {
   char canonical[64];
   const unsigned char* b = gpu.uuid_bytes;
   std::snprintf(canonical, sizeof(canonical),
-                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-                b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+                "%s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix, b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   gpu.uuid = canonical;
 }
 
@@ -76,8 +76,42 @@ Topology parse_topology(const std::string& text) {
       gpu.cc_major = 9;
     }
     gpu.multiprocessors = g.has("multiprocessors") ? static_cast<int>(g.at("multiprocessors").as_int("multiprocessors")) : 132;
+    if (g.has("mig")) {
+      const Json& instances = g.at("mig");
+      if (instances.kind != Json::Kind::Array || instances.array.empty()) {
+        throw std::runtime_error("gpus[].mig must be a non-empty array of MIG instances");
+      }
+      for (const Json& m : instances.array) {
+        FakeGpu inst;
+        inst.is_mig = true;
+        inst.uuid = m.at("uuid").as_string("gpus[].mig[].uuid");
+        if (inst.uuid.rfind("MIG-", 0) != 0) throw std::runtime_error("MIG uuid " + inst.uuid + " must start with MIG-");
+        parse_uuid(inst, "MIG-");
+        const std::string profile = m.at("profile").as_string("gpus[].mig[].profile");
+        inst.name = gpu.name + " MIG " + profile;  // what cuDeviceGetName reports for a MIG device
+        inst.pci_bus_id = gpu.pci_bus_id;
+        inst.pci_domain = gpu.pci_domain;
+        inst.pci_bus = gpu.pci_bus;
+        inst.pci_device = gpu.pci_device;
+        inst.memory_mib = m.has("memory_mib") ? m.at("memory_mib").as_int("gpus[].mig[].memory_mib") : 9856;
+        inst.cc_major = gpu.cc_major;
+        inst.cc_minor = gpu.cc_minor;
+        inst.multiprocessors =
+            m.has("multiprocessors") ? static_cast<int>(m.at("multiprocessors").as_int("multiprocessors")) : 16;
+        std::memcpy(inst.parent_uuid_bytes, gpu.uuid_bytes, 16);
+        for (const auto& other : gpu.mig) {
+          if (other.uuid == inst.uuid) throw std::runtime_error("two MIG instances share uuid " + inst.uuid);
+        }
+        gpu.mig.push_back(inst);
+      }
+    }
     for (const auto& other : topo.gpus) {
       if (other.uuid == gpu.uuid) throw std::runtime_error("two gpus share uuid " + gpu.uuid);
+      for (const auto& a : other.mig) {
+        for (const auto& b : gpu.mig) {
+          if (a.uuid == b.uuid) throw std::runtime_error("two MIG instances share uuid " + a.uuid);
+        }
+      }
     }
     topo.gpus.push_back(gpu);
   }

@@ -15,6 +15,11 @@ struct FakeGpu {
   long long memory_mib = 0;
   int cc_major = 0, cc_minor = 0;
   int multiprocessors = 0;
+  // MIG: a GPU with MIG enabled lists its instances (each a CUDA device of its own, "MIG-<uuid>"); an instance
+  // carries its parent's PCI bus id and, in parent_uuid_bytes, the parent's UUID (legacy cuDeviceGetUuid).
+  std::vector<FakeGpu> mig;
+  bool is_mig = false;
+  unsigned char parent_uuid_bytes[16] = {0};
 };
 
 struct Topology {

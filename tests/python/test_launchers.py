@@ -38,8 +38,8 @@ def fields(ctx):
 
 def test_order_is_innermost_first_and_documented():
     assert [l.name for l in LAUNCHERS] == [
-        "torchrun", "deepspeed", "ray", "jsrun", "openmpi", "mvapich2", "mpich", "pmix", "slurm", "pmi", "kubeflow",
-        "env", "single"]
+        "torchrun", "deepspeed", "horovod", "ray", "jsrun", "openmpi", "mvapich2", "flux", "pals", "mpt", "mpich",
+        "pmix", "slurm", "pmi", "kubeflow", "lightning", "env", "single"]
 
 
 def test_single_process_without_launcher_variables():
@@ -246,7 +246,7 @@ def test_forced_launcher_overrides_detection_and_cross_checks():
 
 def test_forced_launcher_unknown_or_absent():
     with pytest.raises(LaunchEnvironmentError, match="GPUGUARD_LAUNCHER='lsf' names no launcher gpuguard knows; "
-                                                     "use one of deepspeed, env, jsrun"):
+                                                     "use one of deepspeed, env, flux, horovod, jsrun"):
         detect({"GPUGUARD_LAUNCHER": "lsf"})
     with pytest.raises(LaunchEnvironmentError, match="not started by Open MPI mpirun: OMPI_COMM_WORLD_RANK not set"):
         detect({"GPUGUARD_LAUNCHER": "openmpi"})

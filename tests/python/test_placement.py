@@ -169,13 +169,16 @@ def test_colocated_groups_pass_and_keep_to_their_own_keys(master):
     assert [v.kind for g in results for v in results[g]] == ["ok"] * 4
 
 
-def test_multi_rank_gpu_mode_is_a_warning_on_every_rank(master, caplog):
+def test_multi_rank_gpu_mode_does_not_silence_a_true_duplicate(master):
+    # NCCL_MULTI_RANK_GPU_ENABLE=1 switches NCCL's own check off: gpuguard is then the only thing that stops it
     identities = [ident(r, 2, 0, gpus_on_host=1, multi_rank_gpu_enabled=True) for r in range(2)]
     verdicts, _ = run_ranks(master, identities)
-    assert {v.kind for v in verdicts} == {"warning"}
-    with caplog.at_level(logging.WARNING, logger="gpuguard"):
+    assert {v.kind for v in verdicts} == {"duplicate"}
+    with pytest.raises(DuplicateDeviceError) as err:
         raise_for(verdicts[0], identities[0])
-    assert "NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved" in caplog.text
+    assert "NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: it turns off NCCL 2.30's own check" \
+        in str(err.value)
+    assert "gpuguard stops every rank all the same" in str(err.value)
 
 
 def test_hostile_store_contents_give_a_clear_error_not_a_crash(master):

@@ -44,6 +44,12 @@ def check_visibility(visibility: VisibleDevices, devices: Sequence[Device], driv
         problem = rejected_entry(visibility.raw, [d.uuid for d in devices])
     if problem is None:
         return
+    if any(d.uuid.startswith("MIG-") for d in devices):  # not a bad entry: CUDA shows one MIG device, by design
+        fix = ("Give each process a single MIG device: CUDA_VISIBLE_DEVICES=MIG-<uuid>, a different one per rank "
+               "(nvidia-smi -L lists them).")
+        raise LaunchEnvironmentError(f"{visibility.describe()}: {problem.reason}. {fix}", fix=fix,
+                                     variable="CUDA_VISIBLE_DEVICES", value=visibility.raw, problem=problem.kind,
+                                     position=problem.position, entry=problem.entry)
     honoured = ",".join(e.text for e in visibility.entries[:problem.position])
     shown = (f"the driver shows only the {_gpus(problem.position)} before it ({honoured})"
              if problem.position else "the driver shows no GPU at all")

@@ -4,19 +4,22 @@ One small class per launcher behind one interface (``detect(env)``), tried in th
 ``LAUNCHERS``: innermost first. Launchers nest: ``srun torchrun ...`` gives each torchrun worker the SLURM
 variables of the torchrun *agent* (``SLURM_LOCALID=0`` for every worker); ``mpirun`` inside an allocation
 gives each MPI rank the SLURM variables of the MPI daemon; a Ray cluster started under SLURM gives every actor
-the raylet's. So the launchers that spawn the workers themselves (torchrun, the DeepSpeed launcher, Ray) are
+the raylet's. So the launchers that spawn the workers themselves (torchrun, the DeepSpeed launcher, horovodrun, Ray) are
 tried first, and their word is final: the outer launcher's variables describe their parent.
 
-Process managers that start this very process (jsrun, Open MPI, MVAPICH2, MPICH/Hydra and Intel MPI, PMIx,
-SLURM ``srun``, Kubeflow, plain ``RANK``/``LOCAL_RANK`` variables) are read together: the first one present
+Process managers that start this very process (jsrun, Open MPI, MVAPICH2, Flux, HPE Cray PALS, HPE MPT,
+MPICH/Hydra and Intel MPI, PMIx, SLURM ``srun``, Kubeflow, Lightning's launcher, plain ``RANK``/``LOCAL_RANK``
+variables) are read together: the first one present
 names the launcher, the others that describe the same set of processes (the same world size) fill the fields
 it lacks (PMIx exports only its rank) and must agree with it. ``LOCAL_RANK=0`` exported once in a batch script
 while ``srun`` gives ``SLURM_LOCALID=2`` is exactly the mistake that puts every rank on GPU 0, so disagreement
 is an error naming both variables, never a guess. The same world size is no proof, though: an MPI launcher
 whose ranks are children of its own daemons (``own_daemons``: mpirun's orted, Hydra's proxies, jsrun) inherits
 the SLURM task variables of the step that started the daemon, so SLURM is never read as a second source for
-them. ``GPUGUARD_LAUNCHER=<name>`` forces one launcher and turns
-the cross-checks off, for nestings this reasoning does not know.
+them. ``GPUGUARD_LAUNCHER=<name>`` forces one launcher and turns the cross-checks off, for nestings this
+reasoning does not know. A process no launcher describes (a ``torch.multiprocessing.spawn`` child) is given its
+ranks as ``bind(rank=, world_size=, local_rank=)`` (``explicit_context``); one that passes none is refused
+where "rank 0 of 1" is evidently wrong (``check_spawned_child``).
 """
 
 from __future__ import annotations
@@ -155,6 +158,8 @@ class Launcher:
     own_daemons: ClassVar[bool] = False
     #: environment variable naming this launch (one value for all its ranks), for the store namespace
     run_id_variable: ClassVar[Optional[str]] = None
+    #: appended to the error when a field is missing: how to supply it for this launcher
+    missing_hint: ClassVar[str] = ""
 
     def present(self, env: Mapping[str, str]) -> bool:
         raise NotImplementedError
@@ -272,6 +277,25 @@ class RayActorLauncher(Launcher):
         return _context_from(self, [reading], env, extra=extra, require_local_rank=False)
 
 
+class HorovodLauncher(_VariableLauncher):
+    """``horovodrun`` with Gloo (and Horovod's Spark, Ray and elastic drivers), which start every worker with
+    HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE, HOROVOD_CROSS_RANK and
+    HOROVOD_CROSS_SIZE (horovod/runner/gloo_run.py, ``_alloc_info_to_command_fn`` / ``get_command``).
+    ``horovodrun --mpi`` exports none of them: its ranks are Open MPI's (or MPICH's) and are read as such.
+
+    The workers are spawned by horovodrun itself, so any SLURM or MPI variables around them are horovodrun's.
+    HOROVOD_CROSS_RANK is not taken as the node rank: it is the index among the workers that have the same
+    local rank, which is the host's index only when every host runs the same number of workers.
+    """
+
+    name = "horovod"
+    description = "horovodrun (Gloo)"
+    agent = True
+    markers = ("HOROVOD_RANK",)
+    variables = {"rank": "HOROVOD_RANK", "world_size": "HOROVOD_SIZE", "local_rank": "HOROVOD_LOCAL_RANK",
+                 "local_world_size": "HOROVOD_LOCAL_SIZE"}
+
+
 class JsrunLauncher(_VariableLauncher):
     """IBM LSF ``jsrun`` (JSM)."""
 
@@ -304,6 +328,72 @@ class Mvapich2Launcher(_VariableLauncher):
     markers = ("MV2_COMM_WORLD_RANK",)
     variables = {"rank": "MV2_COMM_WORLD_RANK", "world_size": "MV2_COMM_WORLD_SIZE",
                  "local_rank": "MV2_COMM_WORLD_LOCAL_RANK", "local_world_size": "MV2_COMM_WORLD_LOCAL_SIZE"}
+
+
+class FluxLauncher(_VariableLauncher):
+    """A task of a Flux job (``flux run``/``flux submit``). The job shell sets FLUX_TASK_RANK,
+    FLUX_TASK_LOCAL_ID (flux-core src/shell/task.c) and FLUX_JOB_SIZE, the number of tasks in the job, with
+    FLUX_JOB_NNODES (src/shell/shell.c; doc/man7/flux-environment.rst). No local task count and no node index
+    are exported. Its PMI plugin also sets PMI_RANK and PMI_SIZE (src/shell/pmi/pmi.c): those describe the
+    same task and are cross-checked; a PMI_SIZE that differs means an mpiexec was started inside this task."""
+
+    name = "flux"
+    description = "Flux job shell"
+    markers = ("FLUX_TASK_RANK",)
+    variables = {"rank": "FLUX_TASK_RANK", "world_size": "FLUX_JOB_SIZE", "local_rank": "FLUX_TASK_LOCAL_ID"}
+
+    def read(self, env: Mapping[str, str]) -> Reading:
+        reading = super().read(env)
+        pmi_size, size = read_int(env, "PMI_SIZE"), reading.values.get("world_size")
+        if pmi_size is not None and size is not None and pmi_size != size and "MPI_LOCALRANKID" in env:
+            raise LaunchEnvironmentError(
+                f"This process has Flux's FLUX_JOB_SIZE={size} and Hydra's PMI_SIZE={pmi_size} "
+                f"(MPI_LOCALRANKID={env['MPI_LOCALRANKID']}): an mpiexec runs inside a Flux task, and the Flux "
+                f"variables describe that task, not this rank. Set {FORCE_VARIABLE}=mpich to read mpiexec's, "
+                f"or let Flux start the ranks itself (flux run -n {pmi_size} ...).",
+                variables={"FLUX_JOB_SIZE": size, "PMI_SIZE": pmi_size})
+        return reading
+
+
+class PalsLauncher(_VariableLauncher):
+    """HPE Cray PALS ``mpiexec`` (PBS Pro on HPE Cray EX, e.g. Polaris, Aurora, Derecho), and anything that sets
+    the same variables: SLURM's ``--mpi=cray_shasta`` plugin (src/plugins/mpi/cray_shasta/mpi_cray_shasta.c,
+    ``mpi_p_slurmstepd_task``: PALS_RANKID, PALS_LOCAL_RANKID, PALS_NODEID, PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK,
+    PMI_LOCAL_SIZE, one value each per task) and flux-coral2's cray_pals shell plugin. Cray PMI without PALS
+    sets only the PMI_* ones, which are read the same way."""
+
+    name = "pals"
+    description = "HPE Cray PALS mpiexec"
+    variables = {"rank": "PALS_RANKID", "world_size": "PMI_SIZE", "local_rank": "PALS_LOCAL_RANKID",
+                 "local_world_size": "PMI_LOCAL_SIZE", "node_rank": "PALS_NODEID"}
+
+    def present(self, env: Mapping[str, str]) -> bool:
+        return "PALS_RANKID" in env or ("PMI_RANK" in env and "PMI_LOCAL_RANK" in env)
+
+    def read(self, env: Mapping[str, str]) -> Reading:
+        reading = super().read(env)
+        # the PMI_* twins of the PALS variables: a missing PALS one is filled, a different one is a contradiction
+        for name, var in (("rank", "PMI_RANK"), ("local_rank", "PMI_LOCAL_RANK")):
+            value = read_int(env, var)
+            if name not in reading.values:
+                reading.put(name, value, var)
+            elif value is not None and value != reading.values[name]:
+                raise _disagreement(name, (reading.sources[name], reading.values[name]), (var, value), self, self)
+        return reading
+
+
+class MptLauncher(_VariableLauncher):
+    """HPE (SGI) MPT ``mpirun``/``mpiexec_mpt``: it exports MPT_LRANK, the rank's index on its host (the variable
+    LAMMPS' and SPARTA's GPU packages read for HPE MPI), and no global rank or size. Those must come from
+    another launcher's variables (srun's, under SLURM) or from bind(rank=, world_size=, local_rank=)."""
+
+    name = "mpt"
+    description = "HPE MPT mpirun"
+    markers = ("MPT_LRANK",)
+    variables = {"local_rank": "MPT_LRANK"}
+    missing_hint = (" HPE MPT exports only MPT_LRANK: take the rank and size from MPI itself, e.g. "
+                    "gpuguard.bind(rank=comm.Get_rank(), world_size=comm.Get_size(), "
+                    "local_rank=int(os.environ['MPT_LRANK'])) with mpi4py's comm = MPI.COMM_WORLD.")
 
 
 class MpichLauncher(_VariableLauncher):
@@ -397,6 +487,34 @@ class KubeflowLauncher(_VariableLauncher):
         return reading
 
 
+class LightningLauncher(_VariableLauncher):
+    """PyTorch Lightning's own launcher (Trainer/Fabric with ``strategy="ddp"`` started as ``python train.py``):
+    it re-runs the script for local ranks 1.. with MASTER_ADDR, MASTER_PORT, NODE_RANK, LOCAL_RANK and
+    WORLD_SIZE (= devices x num_nodes) and no RANK (lightning/fabric/strategies/launchers/subprocess_script.py,
+    ``_call_children_scripts``); Lightning computes the global rank itself, in the Trainer. Without RANK and
+    the number of devices per node the rank cannot be read, so this is an error that says what to pass."""
+
+    name = "lightning"
+    description = "Lightning's subprocess launcher"
+    markers = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    variables = {"world_size": "WORLD_SIZE", "local_rank": "LOCAL_RANK", "node_rank": "NODE_RANK"}
+
+    def present(self, env: Mapping[str, str]) -> bool:
+        return super().present(env) and "RANK" not in env and "LOCAL_WORLD_SIZE" not in env
+
+    def read(self, env: Mapping[str, str]) -> Reading:
+        reading = super().read(env)
+        raise LaunchEnvironmentError(
+            f"This process has LOCAL_RANK={env['LOCAL_RANK']}, NODE_RANK={env['NODE_RANK']} and "
+            f"WORLD_SIZE={env['WORLD_SIZE']} but no RANK: it was started by Lightning's own launcher "
+            f"(strategy='ddp' run as `python train.py`), which never exports the global rank, so gpuguard "
+            f"cannot know it. Call gpuguard.bind(rank=trainer.global_rank, world_size=trainer.world_size, "
+            f"local_rank=trainer.local_rank) once Lightning has set up (e.g. in setup() of your "
+            f"LightningModule; fabric.global_rank etc. with Fabric), or start the script with torchrun "
+            f"(torchrun --nproc_per_node=<devices> train.py), whose variables Lightning and gpuguard both read.",
+            variables={n: reading.values[n] for n in reading.values}, launcher=self.name)
+
+
 class EnvLauncher(_VariableLauncher):
     """``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set by something not recognised above (a script, Ray Train's
     workers outside Ray detection, a custom spawner). Also the generic source every process manager is
@@ -418,13 +536,22 @@ class EnvLauncher(_VariableLauncher):
 
 
 class SingleProcessLauncher(Launcher):
-    """No launcher: one process, rank 0 of 1."""
+    """No launcher: one process, rank 0 of 1 -- unless this process is a child of Python's multiprocessing
+    (``torch.multiprocessing.spawn`` puts nothing in the environment), which ``extra["spawned_by"]`` records
+    for ``check_spawned_child`` to refuse once the GPU count is known."""
 
     name = "single"
     description = "single process (no launcher)"
 
     def present(self, env: Mapping[str, str]) -> bool:
         return True
+
+    def detect(self, env: Mapping[str, str]) -> Optional[LaunchContext]:
+        context = super().detect(env)
+        spawned = spawned_by()
+        if context is None or spawned is None:
+            return context
+        return LaunchContext(**{**context.as_dict(), "extra": {**context.extra, **spawned}})
 
     def read(self, env: Mapping[str, str]) -> Reading:
         reading = Reading(self)
@@ -438,15 +565,20 @@ class SingleProcessLauncher(Launcher):
 LAUNCHERS: tuple[Launcher, ...] = (
     TorchrunLauncher(),
     DeepSpeedLauncher(),
+    HorovodLauncher(),
     RayActorLauncher(),
     JsrunLauncher(),
     OpenMpiLauncher(),
     Mvapich2Launcher(),
+    FluxLauncher(),      # before MPICH: Flux's PMI plugin sets PMI_RANK too
+    PalsLauncher(),      # before MPICH: PALS and SLURM's cray_shasta set PMI_RANK too
+    MptLauncher(),
     MpichLauncher(),
     PmixLauncher(),
     SlurmLauncher(),
     PmiLauncher(),
     KubeflowLauncher(),
+    LightningLauncher(),  # before the generic variables: LOCAL_RANK, NODE_RANK, WORLD_SIZE without RANK
     EnvLauncher(),
     SingleProcessLauncher(),
 )
@@ -463,7 +595,7 @@ def detect(env: Optional[Mapping[str, str]] = None,
     if forced is not None:
         return _forced(forced, env, launchers)
     for launcher in launchers:
-        if launcher.agent:
+        if launcher.agent or isinstance(launcher, SingleProcessLauncher):  # nothing to merge with
             context = launcher.detect(env)
             if context is not None:
                 return context
@@ -561,7 +693,7 @@ def _missing(primary: Launcher, missing: Sequence[str], readings: Sequence[Readi
         f"but {', '.join(expected)} {'is' if len(expected) == 1 else 'are'} not set, so its "
         f"{' and '.join(n.replace('_', ' ') for n in missing)} cannot be known. Launch it with a launcher "
         f"that exports {'it' if len(expected) == 1 else 'them'}, or export "
-        f"{', '.join(EnvLauncher.variables[n] for n in missing)} for each process.",
+        f"{', '.join(EnvLauncher.variables[n] for n in missing)} for each process." + primary.missing_hint,
         variables=expected, launcher=primary.name)
 
 
@@ -613,3 +745,78 @@ def _check_ranges(values: Mapping[str, int], sources: Mapping[str, str]) -> None
         if values.get(name) == 0:
             raise LaunchEnvironmentError(f"{sources[name]}=0: a job has at least one process.",
                                          variable=sources[name])
+
+
+# ---- processes no launcher describes: multiprocessing children and explicit arguments ----------------------
+
+_TORCH_SPAWN_FILE = os.path.join("torch", "multiprocessing", "spawn.py")
+
+
+def spawned_by() -> Optional[dict[str, Any]]:
+    """Evidence that this process is one of several started by Python's multiprocessing: for a child of
+    ``torch.multiprocessing.spawn``, its process index (the ``i`` that torch's ``_wrap(fn, i, args, ...)``
+    passes to the user's function, read from that frame); for any other multiprocessing child, its name.
+    None in a process multiprocessing did not start."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.endswith(_TORCH_SPAWN_FILE):
+            index = frame.f_locals.get("i")
+            if isinstance(index, int):
+                return {"spawned_by": "torch.multiprocessing.spawn", "spawn_index": index,
+                        "spawn_parent_pid": parent.pid}
+        frame = frame.f_back  # type: ignore[assignment]
+    return {"spawned_by": f"Python multiprocessing ({multiprocessing.current_process().name})",
+            "spawn_index": None, "spawn_parent_pid": parent.pid}
+
+
+def check_spawned_child(context: LaunchContext, visible_devices: int) -> None:
+    """Refuses to call a multiprocessing child "rank 0 of 1" where that is evidently wrong: a
+    ``torch.multiprocessing.spawn`` process other than the first, or any multiprocessing child that sees
+    several GPUs (each of its siblings would take cuda:0 as well)."""
+    spawned = context.extra.get("spawned_by")
+    if context.launcher != "single" or not spawned:
+        return
+    index = context.extra.get("spawn_index")
+    if not (isinstance(index, int) and index > 0) and visible_devices <= 1:
+        return
+    who = f"process {index} of {spawned}" if isinstance(index, int) else f"a child of {spawned}"
+    seen = f"it sees {visible_devices} GPUs" if visible_devices > 1 else "it is not the first process"
+    raise LaunchEnvironmentError(
+        f"This process is {who} (parent pid {context.extra.get('spawn_parent_pid')}) and no launcher variables "
+        f"give its rank, so gpuguard would have to call it rank 0 of 1 on cuda:0 -- as it would every sibling -- "
+        f"while {seen}. {spawned.split(' (')[0]} puts nothing in the environment: pass the rank yourself, e.g. "
+        f"gpuguard.bind(rank=i, world_size=nprocs, local_rank=i, store=store) with the index i your function "
+        f"receives and a store every process can reach (torch.distributed.TCPStore or FileStore), or "
+        f"gpuguard.init_process_group('nccl', rank=i, world_size=nprocs, local_rank=i, "
+        f"init_method='tcp://127.0.0.1:29500'). On several nodes rank = node_rank * nprocs + i.",
+        launcher=spawned, spawn_index=index, visible_devices=visible_devices)
+
+
+def explicit_context(rank: Any, world_size: Any, local_rank: Any,
+                     env: Optional[Mapping[str, str]] = None) -> LaunchContext:
+    """The launch context given as ``bind(rank=, world_size=, local_rank=)``, for processes no launcher
+    describes (torch.multiprocessing.spawn, Lightning's launcher, MPI ranks read through mpi4py). All three
+    are required; the environment is not consulted except for GPUGUARD_GROUP."""
+    env = os.environ if env is None else env
+    given = {"rank": rank, "world_size": world_size, "local_rank": local_rank}
+    missing = [f"{n}=" for n, v in given.items() if v is None]
+    if missing:
+        have = ", ".join(f"{n}={v!r}" for n, v in given.items() if v is not None)
+        raise ValueError(
+            f"bind({have}) also needs {' and '.join(missing)}: with explicit ranks gpuguard reads nothing from "
+            f"the environment, and the local rank picks the GPU. Under torch.multiprocessing.spawn use "
+            f"rank=i, world_size=nprocs, local_rank=i (on one node).")
+    for n, v in given.items():
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < _MAX_INT:
+            raise ValueError(f"bind({n}={v!r}): give a non-negative integer")
+    sources = {n: f"bind({n}=)" for n in given}
+    _check_ranges(given, sources)
+    return LaunchContext(launcher="explicit", description="bind(rank=, world_size=, local_rank=)", rank=rank,
+                         world_size=world_size, local_rank=local_rank, local_world_size=None, node_rank=None,
+                         sources=sources, group=read_group(env))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 from typing import Any, Optional
 
@@ -11,6 +12,7 @@ from ..deadline import Deadline
 from ..placement import env_store_for_init
 from .steps import bind_in, check_arguments, detect_or_hint
 from .binding import Binding
+from .launchers import explicit_context
 
 
 def _supports_device_id() -> bool:
@@ -28,7 +30,10 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
     """``bind()``, then ``torch.distributed.init_process_group(backend, device_id=<the bound GPU>, ...)``.
 
     ``rank`` and ``world_size`` default to the launcher's (so ``srun``/``mpirun`` need no RANK/WORLD_SIZE);
-    ``store=`` is also the store bind() meets the other ranks through. ``require_gpu`` defaults to whether
+    ``store=`` is also the store bind() meets the other ranks through. Where no launcher describes the process
+    (torch.multiprocessing.spawn), pass ``rank=``, ``world_size=`` and ``local_rank=`` (gpuguard's, not
+    torch's) with ``store=`` or an ``init_method`` (tcp://, file://): its store is made once, used by bind()
+    and handed to torch. ``require_gpu`` defaults to whether
     the backend is NCCL. ``bind_timeout`` bounds the whole of bind(), the store creation included. Other
     keyword arguments go to torch unchanged. Returns the Binding.
     """
@@ -38,8 +43,17 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
     deadline = Deadline(bind_timeout)
     if require_gpu is None:
         require_gpu = "nccl" in str(backend).lower()
-    context, failure = detect_or_hint()
+    explicit = "local_rank" in kwargs
+    local_rank = kwargs.pop("local_rank", None)
+    if explicit:
+        context, failure = explicit_context(kwargs.get("rank"), kwargs.get("world_size"), local_rank), None
+    else:
+        context, failure = detect_or_hint()
     store_owner = False
+    if explicit and kwargs.get("store") is None and kwargs.get("init_method") not in (None, "env://"):
+        # the store torch would make from init_method, made once here: bind() meets the ranks in it first
+        kwargs["store"] = next(dist.rendezvous(kwargs.pop("init_method"), context.rank, context.world_size,
+                                               timeout=datetime.timedelta(seconds=float(bind_timeout))))[0]
     if kwargs.get("store") is None and kwargs.get("init_method") in (None, "env://"):
         # srun/mpirun/plain variables have no store before init: create the one env:// would, so that bind()'s
         # cross-rank check can run first, and hand it to torch.

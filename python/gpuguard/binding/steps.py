@@ -35,7 +35,7 @@ from ..placement import (RankIdentity, exchange, find_store, hold_until_read, na
 from .binding import Binding
 from .cuda_state import check_cuda_state, earlier_initialisation
 from .device_choice import Resolution, check_visibility, resolve_device
-from .launchers import LaunchContext, detect, rank_hint, run_id
+from .launchers import LaunchContext, check_spawned_child, detect, explicit_context, rank_hint, run_id
 from .visible_devices import parse_visible_devices
 
 logger = logging.getLogger("gpuguard")
@@ -62,6 +62,7 @@ def _resolve(context: LaunchContext, group: str, host: str, require_gpu: bool, d
     before = _C.driver_init_record()
     found = devices()  # initialises the driver here, if nobody did: the launcher has set visibility by now
     after = _C.driver_init_record()
+    check_spawned_child(context, len(found))  # a multiprocessing child is not "rank 0 of 1" on a multi-GPU host
     status = cuda_status()
     who = earlier_initialisation(before, after, visible_now, _torch_cuda_initialized())
     if who is None and not found and status.library_loaded and visibility.entries:
@@ -255,7 +256,8 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
 
 
 def bind(*, group: str = "default", store: Any = None, timeout: float = 60, verify_nccl: bool = False,
-         require_gpu: bool = False, watch: bool = False) -> Binding:
+         require_gpu: bool = False, watch: bool = False, rank: Optional[int] = None,
+         world_size: Optional[int] = None, local_rank: Optional[int] = None) -> Binding:
     """Binds this process to its GPU under whichever launcher started it, and returns the Binding.
 
     group: the rank's group; ranks of different groups may share a GPU (colocated roles). The default
@@ -267,6 +269,9 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
       (on a hang, again with NCCL_P2P_DISABLE=1, saying whether that cures it).
     require_gpu: no GPU is an error instead of a warning and a CPU binding.
     watch: also start gpuguard.watch() (the collective watchdog, default settings) once bound.
+    rank, world_size, local_rank: for processes no launcher describes (torch.multiprocessing.spawn, Lightning's
+      own launcher, MPT): all three together, and the environment's launcher variables are then not read.
+      With more than one rank, pass store= too unless a default process group exists.
 
     Raises LaunchEnvironmentError (launcher variables or CUDA_VISIBLE_DEVICES malformed or contradictory),
     RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
@@ -274,7 +279,11 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     """
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
-    context, failure = detect_or_hint()
+    explicit = (rank, world_size, local_rank) != (None, None, None)
+    if explicit:
+        context, failure = explicit_context(rank, world_size, local_rank), None
+    else:
+        context, failure = detect_or_hint()
     binding = bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
                       require_gpu=require_gpu, failure=failure)
     if watch:

@@ -17,6 +17,10 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
 ``shared/n``, ``shared/<i>``        counter and list of the GPUs that got a second rank
 ``shared_ranks``                    counter: ranks on shared GPUs (for the report's totals)
 ``host/<host hash>/n``              counter: ranks of the group on that host (NCCL's host hash)
+``gpu/<host hash>/<pci>/...``       MIG ranks only: ``owner``, ``n``, ``<i>`` as under ``dev/``, for the GPU
+                                    their instance belongs to (instances of one GPU share its PCI bus id)
+                                    (a GPU whose MIG instances got a second rank is listed under
+                                    ``shared/`` as ``gpu:<host hash>/<pci>``)
 ``arrived``                         counter: ranks that finished publishing
 ``verdict``                         the outcome every rank reads, written once (``compare_set`` from empty):
                                     by the last arriver, by a rank whose own resolution failed, or by the
@@ -35,7 +39,8 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
 Cost per rank, independent of N: a rank on a GPU of its own makes 6 store operations: set ``rec``,
 compare_set ``owner``, add ``host``, add ``arrived``, then wait + get ``verdict``. A rank that finds its GPU
 taken adds 3 (add ``dev/n``, set its slot, add ``shared_ranks``), and the second one on a GPU 2 more
-(``shared/n``, ``shared/<i>``). The last arriver writes the verdict instead of waiting for it, after reading
+(``shared/n``, ``shared/<i>``). A rank on a MIG instance adds 1 (compare_set of its GPU's ``owner``), or 3
+to 5 when another instance of that GPU was claimed first (the same pattern under ``gpu/``). The last arriver writes the verdict instead of waiting for it, after reading
 at most 16 shared GPUs × 16 records plus their counters, so even a job in which every rank shares is
 bounded. Bytes stored per rank: its record twice (``rec`` and ``owner`` or its slot, ~150 bytes each) plus
 shared counters. On a timeout, the one reporting rank finds the missing ranks with one ``check`` per 256
@@ -208,6 +213,20 @@ def _timeout_verdict(store: CheckedStore, me: RankIdentity, timeout: float) -> V
         {"missing_ranks": missing[:1024], "arrived": arrived, "world_size": me.world_size, "timeout": timeout})
 
 
+def _claim(ns: CheckedStore, prefix: str, listing: str, name: str, record: bytes) -> bool:
+    """Claims ``prefix`` (compare_set of ``owner``); a rank that finds it taken adds its record in a slot, and
+    the second lists ``name`` under ``listing``. True when the claim was already taken."""
+    device = ns.child(prefix)
+    if device.compare_set("owner", b"", record) == record:
+        return False
+    slot = device.add("n", 1)
+    device.set(str(slot), record)
+    if slot == 1:  # the second rank lists it once
+        index = ns.add(f"{listing}/n", 1) - 1
+        ns.set(f"{listing}/{index}", name.encode())
+    return True
+
+
 def _compose(store: CheckedStore, me: RankIdentity) -> Verdict:
     """Run by the last rank to arrive: reads the (bounded) sample of shared GPUs and analyses it."""
     shared_total = store.counter("shared/n")
@@ -217,11 +236,15 @@ def _compose(store: CheckedStore, me: RankIdentity) -> Verdict:
     records: list[bytes] = []
     device_totals: dict[str, int] = {}
     host_totals: dict[int, int] = {}
+    split_gpus = 0  # listed GPUs split into MIG instances: not shared devices (exact within the sample)
     for i in range(min(shared_total, MAX_REPORTED_DEVICES)):
         uuid = store.get(f"shared/{i}").decode("utf-8", "replace")
-        device = store.child(f"dev/{key_part(uuid)}")
+        split_gpu = uuid.startswith("gpu:")  # MIG instances of one GPU, not one device
+        split_gpus += split_gpu
+        device = store.child(f"gpu/{uuid[4:]}" if split_gpu else f"dev/{key_part(uuid)}")
         extra = device.counter("n")
-        device_totals[uuid] = 1 + extra
+        if not split_gpu:
+            device_totals[uuid] = 1 + extra
         slots = ["owner"] + [str(slot) for slot in range(1, min(extra, MAX_REPORTED_RANKS_PER_DEVICE - 1) + 1)]
         for slot in slots:
             data = device.get(slot)
@@ -234,7 +257,7 @@ def _compose(store: CheckedStore, me: RankIdentity) -> Verdict:
             records.append(data)
             if peer.host_hash not in host_totals:
                 host_totals[peer.host_hash] = store.counter(f"host/{peer.host_hash:016x}/n")
-    report = _C.analyze_placement(records, device_totals, host_totals, shared_total, ranks_sharing)
+    report = _C.analyze_placement(records, device_totals, host_totals, shared_total - split_gpus, ranks_sharing)
     if report.severity == "ok":
         return Verdict("ok")
     details = {"group": me.group, "causes": report.causes, "shared_devices_total": report.shared_devices_total,
@@ -291,6 +314,9 @@ def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadl
                 index = ns.add("shared/n", 1) - 1
                 ns.set(f"shared/{index}", me.gpu_uuid.encode())
             ns.add("shared_ranks", 2 if slot == 1 else 1)
+        if me.gpu_uuid.startswith("MIG-") and me.pci_bus_id:  # its GPU, which other instances may be on
+            gpu = f"{me.host_hash:016x}/{key_part(me.pci_bus_id)}"
+            _claim(ns, f"gpu/{gpu}", "shared", f"gpu:{gpu}", record)
         ns.add(f"host/{me.host_hash:016x}/n", 1)
     if _arrive(ns, me):
         verdict = publish(ns, "verdict", _compose(ns, me))
