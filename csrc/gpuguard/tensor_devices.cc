@@ -145,8 +145,6 @@ std::string owner_of(const std::string& name) {
   return dot == std::string::npos ? std::string() : name.substr(0, dot);
 }
 
-std::string layer_label(const std::string& layer) { return layer.empty() ? "the root module" : "'" + layer + "'"; }
-
 const char* kOneGpu =
     "to run it on one GPU instead, make only that GPU visible before the process starts (CUDA_VISIBLE_DEVICES=0) "
     "and load it without a device map, so that every layer is placed there";
@@ -176,8 +174,8 @@ std::string move_stray_parts(const std::vector<DeviceGroup>& groups, const c10::
   }
   const std::string to = ".to(" + quoted(device_name(home)) + ")";
   if (root_owned || top.empty() || top.size() > 3) {
-    return "move each part listed above on another device to " + device_name(home) +
-           " (a submodule with model.get_submodule(name)" + to + ")";
+    return "each part listed above on another device to " + device_name(home) + " (a submodule with "
+           "model.get_submodule(name)" + to + ")";
   }
   std::string out;
   for (std::size_t i = 0; i < top.size(); ++i) out += (i ? "; " : "") + std::string("model.get_submodule(") +
@@ -211,7 +209,9 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
   const auto& model = ctx.model_devices;
   const bool model_split = model.size() > 1;
   const std::string first = model.empty() ? home_name : device_name(model.front());
-  const std::string first_where = "its first layer, " + layer_label(ctx.first_layer) + ", is on " + first;
+  // where a framework that placed the model wants its inputs: its first parameter's device
+  const std::string first_where = "its first parameter" +
+      (ctx.first_parameter.empty() ? std::string() : " (" + ctx.first_parameter + ")") + " is, " + first;
 
   Advice a;
   // ---- one layer under guard(deep=True): its own weights against its inputs
@@ -247,9 +247,9 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
                   [&] { std::vector<std::string> n; for (auto d : model) n.push_back(device_name(d));
                         return join(n, ", ", 8); }() +
                   ") and " + first_where + ", but the inputs were put on " + other_name + " by hand.";
-        a.fix = "Fix: leave placement to whatever split the model and put the inputs where its first layer is: " +
-                move_var + quoted(first) + "); do not move the whole model to one device. If the split was not "
-                "wanted: " + kOneGpu + ".";
+        a.fix = "Fix: leave placement to whatever split the model and put the inputs where its first parameter "
+                "is: " + move_var + quoted(first) + ") (next(model.parameters()).device); do not move the whole "
+                "model to one device. If the split was not wanted: " + kOneGpu + ".";
         return a;
       }
       a.cause = "Likely cause: the model is placed across devices and its forward hands the input '" + var +
@@ -274,7 +274,7 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
                 "so it expects its layers spread over devices, but all of its parameters and buffers are on " +
                 home_name + ": the whole model was moved to one device (model.to()) after it was placed.";
       a.fix = "Fix: leave placement to the framework: do not move a model it placed (load it again with its device "
-              "map, without model.to()) and put the inputs where its first layer is; " + std::string(kOneGpu) +
+              "map, without model.to()) and put the inputs where its first parameter is (next(model.parameters()).device); " + std::string(kOneGpu) +
               ", or remove the hard-coded .to() from the forward.";
       return a;
     }
@@ -315,7 +315,8 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
               "load_state_dict(assign=True) with tensors from another device).";
     std::string fix = "Fix: if the split is deliberate, leave placement to the framework: ";
     if (!any_input || !inputs_on_first) {
-      fix += "put the inputs where " + first_where + " (" + move_var + quoted(first) + ")), ";
+      fix += "put the inputs where " + first_where + ": " + move_var + quoted(first) + ") "
+             "(next(model.parameters()).device); ";
     } else {
       fix += "the inputs are already where " + first_where + "; ";
     }
@@ -507,8 +508,25 @@ DeviceReport check_devices(const std::vector<TensorEntry>& entries, const CheckC
       if (std::find(ctx.model_devices.begin(), ctx.model_devices.end(), d) == ctx.model_devices.end()) {
         ctx.model_devices.push_back(d);
       }
-      if (!first_seen) ctx.first_layer = owner_of(e.name);
-      first_seen = true;
+      if (!first_seen && e.role == TensorRole::kParameter) {
+        ctx.first_parameter = e.name;
+        first_seen = true;
+      }
+    }
+    if (!first_seen) {  // no parameter: the first buffer stands for it
+      for (const auto& e : entries) {
+        if (e.role == TensorRole::kBuffer && e.tensor.defined() && !is_cpu_scalar(e.tensor)) {
+          ctx.first_parameter = e.name;
+          break;
+        }
+      }
+    }
+    // the first parameter's device first: that is where a framework that placed the model wants its inputs
+    for (const auto& e : entries) {
+      if (e.name != ctx.first_parameter || e.role == TensorRole::kInput) continue;
+      auto at = std::find(ctx.model_devices.begin(), ctx.model_devices.end(), e.tensor.device());
+      if (at != ctx.model_devices.end()) std::rotate(ctx.model_devices.begin(), at, at + 1);
+      break;
     }
   }
   Advice advice = cause_and_fix(groups, ctx);

@@ -88,9 +88,10 @@ struct CheckContext {
 
   // guard(deep=True) only: the whole model around the layer, so that the fix is right for a model placed
   // across devices (a framework's device map, pipeline stages) as well as for a one-device model.
-  std::vector<c10::Device> model_devices;  // every device of the model's parameters and buffers, in module
-                                           // order (the first is its first layer's); empty: not known
-  std::string first_layer;                 // the layer owning the model's first parameter or buffer ("" the root)
+  std::vector<c10::Device> model_devices;  // every device of the model's parameters and buffers, the first
+                                           // parameter's first; empty: not known
+  std::string first_parameter;             // the model's first parameter (its first buffer if it has none),
+                                           // the one next(model.parameters()) gives: "embed.weight"
   std::size_t others_on_layer_device = 0;  // the model's tensors on the layer's device that are not the layer's
   // the input on another device is one the model's caller passed as it is (or the layer was called directly),
   // not an activation made inside the model
