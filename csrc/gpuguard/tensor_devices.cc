@@ -443,6 +443,7 @@ DeviceReport check_devices(const std::vector<TensorEntry>& entries, const CheckC
     const auto ma = a.parameters.size() + a.buffers.size();
     const auto mb = b.parameters.size() + b.buffers.size();
     if (ma != mb) return ma > mb;
+    if (ma > 0) return false;  // as much of the module on each: module order (the first parameter's first)
     return a.inputs.size() > b.inputs.size();
   });
   for (auto& g : groups) {

@@ -25,7 +25,7 @@ from .errors import (
 )
 from .explain import Diagnosis, Evidence, explain, explain_file
 from .binding.launchers import LaunchContext, detect as detect_launcher
-from .tensor_devices import GuardHandle, assert_same_device, guard, same_device
+from .tensor_devices import GuardHandle, assert_same_device, find_device_mismatch, guard, same_device
 from .ray import PlacementReport, RayPlacement, ray_placement
 
 from ._version import __version__
@@ -62,6 +62,7 @@ __all__ = [
     "doctor",
     "explain",
     "explain_file",
+    "find_device_mismatch",
     "guard",
     "init_process_group",
     "ray_placement",

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from . import _C
+from .errors import DeviceMismatchError
 
-__all__ = ["GuardHandle", "assert_same_device", "guard", "same_device"]
+__all__ = ["GuardHandle", "assert_same_device", "find_device_mismatch", "guard", "same_device"]
 
 DeviceLike = Union[torch.device, str, int]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,6 +55,27 @@ def assert_same_device(model_or_tensor: Any, *tensors: Any,
     if isinstance(model_or_tensor, nn.Module):
         return _C.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
     return _C.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
+
+
+def find_device_mismatch(model_or_tensor: Any, *tensors: Any,
+                         expected: Optional[DeviceLike] = None) -> Optional[DeviceMismatchError]:
+    """The same check as ``assert_same_device``, answered instead of raised: the ``DeviceMismatchError`` it
+    would raise (message, ``cause``, ``fix``, ``groups``, ``devices``...), or None when the tensors agree.
+
+    For code that reports rather than stops, e.g. explaining a PyTorch "Expected all tensors to be on the
+    same device" error after it happened. Runs even with ``GPUGUARD_DISABLE=1`` (it is asked for explicitly).
+    Bad arguments still raise (TypeError, ValueError).
+    """
+    device = _as_device(expected)
+    try:
+        if isinstance(model_or_tensor, nn.Module):
+            _C.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
+        else:
+            _C.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
+    except DeviceMismatchError as mismatch:
+        mismatch.__traceback__ = None  # returned, not raised: no frames kept alive through it
+        return mismatch
+    return None
 
 
 def _tensors_labels(n: int) -> list[str]:
