@@ -220,7 +220,15 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
     if (module_devices.size() > 1) {
       a.cause = "Likely cause: the layer's own parameters and buffers are split across devices (part of it was "
                 "moved or loaded on its own).";
-      a.fix = "Fix: keep the layer in one piece: " + layer + ".to(" + quoted(home_name) + ").";
+      // where its inputs are, when part of the layer is there already: the layers before it ran there
+      std::string to = home_name;
+      for (const auto& g : groups) {
+        if (!g.inputs.empty() && (!g.parameters.empty() || !g.buffers.empty())) {
+          to = device_name(g.device);
+          break;
+        }
+      }
+      a.fix = "Fix: keep the layer in one piece: " + layer + ".to(" + quoted(to) + ").";
       return a;
     }
     if (model.empty()) {  // the rest of the model is not known (it was freed, or a hook made on its own)
