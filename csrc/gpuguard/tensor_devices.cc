@@ -210,8 +210,8 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
   const bool model_split = model.size() > 1;
   const std::string first = model.empty() ? home_name : device_name(model.front());
   // where a framework that placed the model wants its inputs: its first parameter's device
-  const std::string first_where = "its first parameter" +
-      (ctx.first_parameter.empty() ? std::string() : " (" + ctx.first_parameter + ")") + " is, " + first;
+  const std::string first_param = "its first parameter" +
+      (ctx.first_parameter.empty() ? std::string() : " (" + ctx.first_parameter + ")");
 
   Advice a;
   // ---- one layer under guard(deep=True): its own weights against its inputs
@@ -254,7 +254,7 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
         a.cause = "Likely cause: the model is placed across " + std::to_string(model.size()) + " devices (" +
                   [&] { std::vector<std::string> n; for (auto d : model) n.push_back(device_name(d));
                         return join(n, ", ", 8); }() +
-                  ") and " + first_where + ", but the inputs were put on " + other_name + " by hand.";
+                  "), " + first_param + " on " + first + ", but the inputs were put on " + other_name + " by hand.";
         a.fix = "Fix: leave placement to whatever split the model and put the inputs where its first parameter "
                 "is: " + move_var + quoted(first) + ") (next(model.parameters()).device); do not move the whole "
                 "model to one device. If the split was not wanted: " + kOneGpu + ".";
@@ -323,10 +323,10 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
               "load_state_dict(assign=True) with tensors from another device).";
     std::string fix = "Fix: if the split is deliberate, leave placement to the framework: ";
     if (!any_input || !inputs_on_first) {
-      fix += "put the inputs where " + first_where + ": " + move_var + quoted(first) + ") "
+      fix += "put the inputs where " + first_param + " is: " + move_var + quoted(first) + ") "
              "(next(model.parameters()).device); ";
     } else {
-      fix += "the inputs are already where " + first_where + "; ";
+      fix += "the inputs are already where " + first_param + " is, on " + first + "; ";
     }
     fix += "never move the whole model to one device, and check it layer by layer with gpuguard.guard(model, "
            "deep=True); " + std::string(kOneGpu) + ". If the split is a mistake, move the stray part to the rest: " +

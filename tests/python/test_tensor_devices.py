@@ -129,7 +129,7 @@ def test_part_of_the_model_moved_is_named_as_a_range_and_the_model_is_said_to_be
     # never "move everything to one device": inputs go where the first parameter is, or one GPU is made visible
     assert 'model.to(' not in err.fix
     assert err.fix.startswith('Fix: if the split is deliberate, leave placement to the framework: put the inputs '
-                              'where its first parameter (layers.0.weight) is, cpu: x = x.to("cpu") '
+                              'where its first parameter (layers.0.weight) is: x = x.to("cpu") '
                               '(next(model.parameters()).device); never move the whole model to one device')
     assert "CUDA_VISIBLE_DEVICES=0" in err.fix
     # a mistake is undone part by part: here the stray parts are many, so the list above is pointed at
@@ -374,10 +374,10 @@ def test_deep_guard_passes_a_model_split_on_purpose():
     # the whole-model check says the model is split, and where its inputs belong, instead of one device
     err = mismatch(gpuguard.assert_same_device, model, torch.zeros(2, 4, device="meta"))
     assert str(err).startswith("gpuguard: the model (Split) is split: its parameters and buffers are on 2 devices "
-                               "(meta, cpu)")
-    assert 'put the inputs where its first parameter (layers.0.weight) is, cpu: x = x.to("cpu")' in err.fix
-    assert 'If the split is a mistake, move the stray part to the rest: model.get_submodule("layers.0").to("meta"); ' \
-           'model.get_submodule("layers.1").to("meta").' in err.fix
+                               "(cpu, meta)")
+    assert 'put the inputs where its first parameter (layers.0.weight) is: x = x.to("cpu")' in err.fix
+    assert 'If the split is a mistake, move the stray part to the rest: model.get_submodule("layers.2").to("cpu"); ' \
+           'model.get_submodule("layers.3").to("cpu").' in err.fix
     # and following the advice works: inputs where the first parameter is
     with gpuguard.guard(model, deep=True):
         assert model(torch.zeros(2, 4).to(next(model.parameters()).device)).device == META

@@ -133,14 +133,14 @@ def test_split_model_with_inputs_on_the_last_gpu_is_told_to_put_them_where_the_f
     assert msg.startswith("gpuguard: the model (HandSplit) is split: its parameters and buffers are on 4 devices "
                           "(cuda:0, cuda:1, cuda:2, cuda:3), so no one device holds it and its inputs.\n")
     assert "model.to(" not in err.fix
-    assert 'put the inputs where its first parameter (layers.0.weight) is, cuda:0: x = x.to("cuda:0")' in err.fix
+    assert 'put the inputs where its first parameter (layers.0.weight) is: x = x.to("cuda:0")' in err.fix
     assert "CUDA_VISIBLE_DEVICES=0" in err.fix
 
     with gpuguard.guard(model, deep=True):
         deep = mismatch(model, x)
         assert deep.layer == "layers.0"
-        assert deep.cause == ("Likely cause: the model is placed across 4 devices (cuda:0, cuda:1, cuda:2, cuda:3) and "
-                              "its first parameter (layers.0.weight) is, cuda:0, but the inputs were put on cuda:3 by "
+        assert deep.cause == ("Likely cause: the model is placed across 4 devices (cuda:0, cuda:1, cuda:2, cuda:3), "
+                              "its first parameter (layers.0.weight) on cuda:0, but the inputs were put on cuda:3 by "
                               "hand.")
         assert "model.to(" not in deep.fix and ".to(\"cuda:3\")" not in deep.fix
         # followed, both fixes give the same placement, and the model runs
