@@ -259,3 +259,18 @@ def test_find_device_mismatch_returns_the_report_instead_of_raising(fake):
     assert found.devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
     one = nn.Linear(8, 8, device="cuda:2")
     assert gpuguard.find_device_mismatch(one, torch.empty(2, 8, device="cuda:2")) is None
+
+
+def test_explain_on_pytorchs_own_error_for_a_split_model_gives_the_same_placement(fake):
+    """After the fact: PyTorch's "Expected all tensors to be on the same device" for the split model with
+    inputs on cuda:3, decoded by `gpuguard explain`: inputs where the first parameter is, never one device."""
+    model = HandSplit()
+    with pytest.raises(RuntimeError) as info:
+        model(torch.empty(2, 8, device="cuda:3"))
+    [diagnosis] = gpuguard.explain(str(info.value))
+    assert diagnosis.kind == "device_mismatch"
+    assert set(diagnosis.devices) == {"cuda:0", "cuda:3"}
+    assert "Put the inputs where the model's first parameter is (next(model.parameters()).device" in diagnosis.fix
+    assert "never move a model placed across GPUs to one device" in diagnosis.fix
+    assert next(model.parameters()).device == torch.device("cuda:0")  # where the other two fixes put them
+    assert model(torch.empty(2, 8, device="cuda:3").to(next(model.parameters()).device)).device.index == 3
