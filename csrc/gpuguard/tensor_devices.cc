@@ -134,85 +134,232 @@ std::string dtype_name(const at::Tensor& t) {
   return std::string(c10::getDtypeNames(t.scalar_type()).first);
 }
 
-// The likely cause and the fix, chosen from where the module's own tensors and the inputs are.
-std::string cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext& ctx) {
+struct Advice {
+  std::string cause;  // "Likely cause: ..."
+  std::string fix;    // "Fix: ..."
+};
+
+// The module owning a qualified tensor name ("layers.2.weight" -> "layers.2"; "" for the root's own).
+std::string owner_of(const std::string& name) {
+  const auto dot = name.rfind('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot);
+}
+
+const char* kOneGpu =
+    "to run it on one GPU instead, make only that GPU visible before the process starts (CUDA_VISIBLE_DEVICES=0) "
+    "and load it without a device map, so that every layer is placed there";
+
+// The fix for the parts of a model that sit apart from the rest: one get_submodule(...).to() per part when
+// they are few and named; else a sentence pointing at the list above.
+std::string move_stray_parts(const std::vector<DeviceGroup>& groups, const c10::Device home) {
+  std::vector<std::string> owners;
+  bool root_owned = false;
+  for (const auto& g : groups) {
+    if (g.device == home) continue;
+    for (const auto* names : {&g.parameters, &g.buffers}) {
+      for (const auto& n : *names) {
+        const std::string o = owner_of(n);
+        if (o.empty()) root_owned = true;
+        else if (std::find(owners.begin(), owners.end(), o) == owners.end()) owners.push_back(o);
+      }
+    }
+  }
+  // a part inside another listed part is moved with it
+  std::vector<std::string> top;
+  for (const auto& o : owners) {
+    const bool inside = std::any_of(owners.begin(), owners.end(), [&](const std::string& p) {
+      return p != o && o.size() > p.size() && o.compare(0, p.size(), p) == 0 && o[p.size()] == '.';
+    });
+    if (!inside) top.push_back(o);
+  }
+  const std::string to = ".to(" + quoted(device_name(home)) + ")";
+  if (root_owned || top.empty() || top.size() > 3) {
+    return "each part listed above on another device to " + device_name(home) + " (a submodule with "
+           "model.get_submodule(name)" + to + ")";
+  }
+  std::string out;
+  for (std::size_t i = 0; i < top.size(); ++i) out += (i ? "; " : "") + std::string("model.get_submodule(") +
+                                                       quoted(top[i]) + ")" + to;
+  return out;
+}
+
+// The likely cause and the fix, chosen from where the module's own tensors and the inputs are and, under
+// guard(deep=True), from where the rest of the model is and where the disagreeing input came from. The rule
+// every branch keeps: a model placed across devices is never told to move to one device; it is told where
+// its inputs belong, or how to make a framework place it on one GPU.
+Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext& ctx) {
   std::vector<c10::Device> module_devices;
-  std::vector<c10::Device> input_devices;
-  std::string first_input;
   for (const auto& g : groups) {
     if (!g.parameters.empty() || !g.buffers.empty()) module_devices.push_back(g.device);
-    if (!g.inputs.empty()) input_devices.push_back(g.device);
   }
   const bool has_module = !module_devices.empty();
   // groups are ordered with the module's (or the expected) device first
   const c10::Device home = ctx.expected ? *ctx.expected : groups.front().device;
   const std::string home_name = device_name(home);
+  std::string first_input;
+  std::optional<c10::Device> other;
   for (const auto& g : groups) {
-    if (g.device != home && !g.inputs.empty() && first_input.empty()) first_input = g.inputs.front().name;
+    if (g.device == home) continue;
+    if (!other) other = g.device;
+    if (!g.inputs.empty() && first_input.empty()) first_input = g.inputs.front().name;
   }
   const std::string var = is_identifier(first_input) ? first_input : "x";
-  std::string other_name;
-  for (const auto& g : groups) {
-    if (g.device != home) {
-      other_name = device_name(g.device);
-      break;
+  const std::string other_name = other ? device_name(*other) : home_name;
+  const std::string move_var = var + " = " + var + ".to(";
+  const auto& model = ctx.model_devices;
+  const bool model_split = model.size() > 1;
+  const std::string first = model.empty() ? home_name : device_name(model.front());
+  // where a framework that placed the model wants its inputs: its first parameter's device
+  const std::string first_param = "its first parameter" +
+      (ctx.first_parameter.empty() ? std::string() : " (" + ctx.first_parameter + ")");
+
+  Advice a;
+  // ---- one layer under guard(deep=True): its own weights against its inputs
+  if (!ctx.layer.empty()) {
+    const std::string layer = "model.get_submodule(" + quoted(ctx.layer) + ")";
+    if (module_devices.size() > 1) {
+      a.cause = "Likely cause: the layer's own parameters and buffers are split across devices (part of it was "
+                "moved or loaded on its own).";
+      // where its inputs are, when part of the layer is there already: the layers before it ran there
+      std::string to = home_name;
+      for (const auto& g : groups) {
+        if (!g.inputs.empty() && (!g.parameters.empty() || !g.buffers.empty())) {
+          to = device_name(g.device);
+          break;
+        }
+      }
+      a.fix = "Fix: keep the layer in one piece: " + layer + ".to(" + quoted(to) + ").";
+      return a;
     }
+    if (model.empty()) {  // the rest of the model is not known (it was freed, or a hook made on its own)
+      a.cause = "Likely cause: its input was produced on " + other_name + " (by the layers before it, or by the "
+                "caller) and nothing moves it to " + home_name + " before '" + ctx.layer + "'; or '" + ctx.layer +
+                "' alone was placed on " + home_name + ".";
+      a.fix = "Fix: if the model is split across devices on purpose, move the activation in the parent's forward "
+              "before calling this layer: " + move_var + quoted(home_name) + "); otherwise put the layer with the "
+              "rest: " + layer + ".to(" + quoted(other_name) + ").";
+      return a;
+    }
+    const bool input_on_model = other && std::find(model.begin(), model.end(), *other) != model.end();
+    if (ctx.input_from_caller) {
+      if (!model_split) {
+        a.cause = "Likely cause: the inputs were put on " + other_name + " by the caller, but the whole model is on " +
+                  home_name + " (for example moved by hand to a GPU of your choosing while a framework placed the "
+                  "model on another).";
+        a.fix = "Fix: move the inputs to the model's device before calling it: " + move_var + quoted(home_name) +
+                "), or " + var + ".to(next(model.parameters()).device).";
+        return a;
+      }
+      if (home == model.front()) {
+        a.cause = "Likely cause: the model is placed across " + std::to_string(model.size()) + " devices (" +
+                  [&] { std::vector<std::string> n; for (auto d : model) n.push_back(device_name(d));
+                        return join(n, ", ", 8); }() +
+                  "), " + first_param + " on " + first + ", but the inputs were put on " + other_name + " by hand.";
+        a.fix = "Fix: leave placement to whatever split the model and put the inputs where its first parameter "
+                "is: " + move_var + quoted(first) + ") (next(model.parameters()).device); do not move the whole "
+                "model to one device. If the split was not wanted: " + kOneGpu + ".";
+        return a;
+      }
+      a.cause = "Likely cause: the model is placed across devices and its forward hands the input '" + var +
+                "' from its caller to '" + ctx.layer + "' on " + home_name + " as it is, on " + other_name + ".";
+      a.fix = "Fix: move it in the parent's forward before calling this layer: " + move_var + quoted(home_name) +
+              ") (a framework's device map does this for the layers it places); do not move the whole model to "
+              "one device.";
+      return a;
+    }
+    // an activation made or moved inside the model
+    if (!model_split) {
+      if (other && other->is_cpu() && !home.is_cpu()) {
+        a.cause = "Likely cause: this input was made inside the model's forward on the CPU (a tensor created "
+                  "without device=, or a .cpu()), while the whole model is on " + home_name + ".";
+        a.fix = "Fix: create it on the device of the tensors it meets, e.g. torch.arange(n, device=" + var +
+                ".device), or " + move_var + quoted(home_name) + ") in the forward; keep constant tensors as "
+                "buffers (register_buffer) so that they move with the model.";
+        return a;
+      }
+      a.cause = "Likely cause: the model moves this activation to " + other_name + " itself (a .to(" +
+                quoted(other_name) + ") in its forward, or a framework's hooks placing its layers by a device map), "
+                "so it expects its layers spread over devices, but all of its parameters and buffers are on " +
+                home_name + ": the whole model was moved to one device (model.to()) after it was placed.";
+      a.fix = "Fix: leave placement to the framework: do not move a model it placed (load it again with its device "
+              "map, without model.to()) and put the inputs where its first parameter is (next(model.parameters()).device); " + std::string(kOneGpu) +
+              ", or remove the hard-coded .to() from the forward.";
+      return a;
+    }
+    if (!input_on_model) {
+      a.cause = "Likely cause: this input was made inside the model's forward on " + other_name + ", where none of "
+                "the model is (a tensor created without device=, or moved by a hard-coded .to()).";
+      a.fix = "Fix: create it on the device of the tensors it meets, e.g. torch.arange(n, device=" + var +
+              ".device), or " + move_var + quoted(home_name) + ") in the forward; keep constant tensors as buffers "
+              "(register_buffer) so that they move with the model.";
+      return a;
+    }
+    if (ctx.others_on_layer_device == 0) {
+      a.cause = "Likely cause: '" + ctx.layer + "' alone was placed on " + home_name + ": the layers before it ran on " +
+                other_name + " and no other part of the model is on " + home_name + ".";
+      a.fix = "Fix: put the layer with the layers before it: " + layer + ".to(" + quoted(other_name) + ").";
+      return a;
+    }
+    a.cause = "Likely cause: the model is split across devices and the part on " + home_name + " starts at '" +
+              ctx.layer + "', but nothing moves the activation from " + other_name + " to " + home_name +
+              " before it.";
+    a.fix = "Fix: move it in the parent's forward before calling this layer: " + move_var + quoted(home_name) +
+            "), or let the framework that splits the model place it (its device map moves activations between "
+            "devices); do not move the whole model or this layer.";
+    return a;
   }
 
-  std::string out;
+  // ---- a whole model (or loose tensors) at once
+  if (has_module && module_devices.size() > 1) {
+    bool inputs_on_first = true, any_input = false;
+    for (const auto& g : groups) {
+      if (g.inputs.empty()) continue;
+      any_input = true;
+      if (g.device != model.front()) inputs_on_first = false;
+    }
+    a.cause = "Likely cause: the model is placed across devices on purpose (a device map, pipeline stages, a "
+              "framework putting layers on every visible GPU), or part of it was created, moved or loaded apart "
+              "from the rest (a submodule replaced after model.to(), a .to() on one submodule, "
+              "load_state_dict(assign=True) with tensors from another device).";
+    std::string fix = "Fix: if the split is deliberate, leave placement to the framework: ";
+    if (!any_input || !inputs_on_first) {
+      fix += "put the inputs where " + first_param + " is: " + move_var + quoted(first) + ") "
+             "(next(model.parameters()).device); ";
+    } else {
+      fix += "the inputs are already where " + first_param + " is, on " + first + "; ";
+    }
+    fix += "never move the whole model to one device, and check it layer by layer with gpuguard.guard(model, "
+           "deep=True); " + std::string(kOneGpu) + ". If the split is a mistake, move the stray part to the rest: " +
+           move_stray_parts(groups, home) + ".";
+    a.fix = std::move(fix);
+    return a;
+  }
   if (ctx.expected) {
-    out += "Likely cause: these tensors were created, loaded or moved somewhere other than " + home_name + ".\n";
-    out += "Fix: move them to " + home_name + ":";
+    a.cause = "Likely cause: these tensors were created, loaded or moved somewhere other than " + home_name + ".";
+    std::string fix = "Fix: move them to " + home_name + ":";
     bool any = false;
     for (const auto& g : groups) {
       if (g.device == home) continue;
       if (!g.parameters.empty() || !g.buffers.empty()) {
-        out += std::string(any ? ";" : "") + " model.to(" + quoted(home_name) + ")";
+        fix += " model.to(" + quoted(home_name) + ")";
         any = true;
         break;
       }
     }
-    if (!first_input.empty()) {
-      out += std::string(any ? ";" : "") + " " + var + " = " + var + ".to(" + quoted(home_name) + ")";
-    }
-    out += ".";
-    return out;
-  }
-  if (!ctx.layer.empty()) {
-    const std::string layer = "model.get_submodule(" + quoted(ctx.layer) + ")";
-    if (module_devices.size() > 1) {
-      out += "Likely cause: the layer's own parameters and buffers are split across devices (part of it was moved "
-             "or loaded on its own).\n";
-      out += "Fix: keep the layer in one piece: " + layer + ".to(" + quoted(home_name) + ").";
-      return out;
-    }
-    out += "Likely cause: its input was produced on " + other_name + " (by the layers before it, or by the caller) and "
-           "nothing moves it to " + home_name + " before '" + ctx.layer + "'; or '" + ctx.layer +
-           "' alone was placed on " + home_name + ".\n";
-    out += "Fix: if the model is split across devices on purpose, move the activation in the parent's forward "
-           "before calling this layer: " + var + " = " + var + ".to(" + quoted(home_name) +
-           "); otherwise put the layer with the rest: " + layer + ".to(" + quoted(other_name) + ").";
-    return out;
-  }
-  if (has_module && module_devices.size() > 1) {
-    out += "Likely cause: the model itself is split: part of it was moved or loaded onto another device (a .to() on "
-           "a submodule, a device map, load_state_dict(assign=True) with tensors from another device).\n";
-    out += "Fix: model.to(" + quoted(home_name) + ") puts every parameter and buffer on one device; if the split "
-           "is deliberate, check the model layer by layer with gpuguard.guard(model, deep=True) instead.";
-    return out;
+    if (!first_input.empty()) fix += std::string(any ? ";" : "") + " " + move_var + quoted(home_name) + ")";
+    a.fix = fix + ".";
+    return a;
   }
   if (has_module) {
-    out += "Likely cause: the inputs were put on a different device than the model (for example moved by hand to a "
-           "GPU of your choosing while a framework placed the model on another).\n";
-    out += "Fix: move the inputs to the model's device: " + var + " = " + var + ".to(" + quoted(home_name) +
-           "), or take the device from the model: " + var + ".to(next(model.parameters()).device); or move the "
-           "model to the inputs with model.to(" + quoted(other_name) + ").";
-    return out;
+    a.cause = "Likely cause: the inputs were put on a different device than the model (for example moved by hand to "
+              "a GPU of your choosing while a framework placed the model on another).";
+    a.fix = "Fix: move the inputs to the model's device: " + move_var + quoted(home_name) + "), or take the device "
+            "from the model: " + var + ".to(next(model.parameters()).device).";
+    return a;
   }
-  out += "Fix: move the tensors to one device, e.g. " + var + " = " + var + ".to(" + quoted(home_name) + ").";
-  return out;
+  a.fix = "Fix: move the tensors to one device, e.g. " + move_var + quoted(home_name) + ").";
+  return a;
 }
-
 }  // namespace
 
 std::string device_name(c10::Device device) { return device.str(); }
@@ -304,6 +451,7 @@ DeviceReport check_devices(const std::vector<TensorEntry>& entries, const CheckC
     const auto ma = a.parameters.size() + a.buffers.size();
     const auto mb = b.parameters.size() + b.buffers.size();
     if (ma != mb) return ma > mb;
+    if (ma > 0) return false;  // as much of the module on each: module order (the first parameter's first)
     return a.inputs.size() > b.inputs.size();
   });
   for (auto& g : groups) {
@@ -331,8 +479,18 @@ DeviceReport check_devices(const std::vector<TensorEntry>& entries, const CheckC
     msg += "expected every tensor on " + device_name(*context.expected) + ", but " +
            plural(elsewhere, "tensor is", "tensors are") + " elsewhere (" + join(other, ", ", 8) + ").\n";
   } else {
-    msg += "tensors that must share one device are on " + std::to_string(groups.size()) + " devices: " +
-           join(device_list, ", ", 8) + ".\n";
+    std::vector<std::string> module_list;
+    for (const auto& g : groups) {
+      if (!g.parameters.empty() || !g.buffers.empty()) module_list.push_back(device_name(g.device));
+    }
+    if (module_list.size() > 1) {  // said first: a split model has no one device to compare its inputs with
+      msg += "the model" + (context.module.empty() ? std::string() : " (" + context.module + ")") +
+             " is split: its parameters and buffers are on " + std::to_string(module_list.size()) + " devices (" +
+             join(module_list, ", ", 8) + "), so no one device holds it and its inputs.\n";
+    } else {
+      msg += "tensors that must share one device are on " + std::to_string(groups.size()) + " devices: " +
+             join(device_list, ", ", 8) + ".\n";
+    }
   }
   const std::string owner = !context.layer.empty() ? "'" + context.layer + "'" : context.module;
   for (const auto& g : groups) {
@@ -349,7 +507,42 @@ DeviceReport check_devices(const std::vector<TensorEntry>& entries, const CheckC
       msg += label + plural(g.inputs.size(), "input", "inputs") + ": " + join(described, ", ", 6) + "\n";
     }
   }
-  msg += cause_and_fix(groups, context);
+  CheckContext ctx = context;
+  if (ctx.layer.empty()) {  // a whole model: where its parts are comes from the entries themselves
+    ctx.model_devices.clear();
+    bool first_seen = false;
+    for (const auto& e : entries) {
+      if (e.role == TensorRole::kInput || !e.tensor.defined() || is_cpu_scalar(e.tensor)) continue;
+      const c10::Device d = e.tensor.device();
+      if (std::find(ctx.model_devices.begin(), ctx.model_devices.end(), d) == ctx.model_devices.end()) {
+        ctx.model_devices.push_back(d);
+      }
+      if (!first_seen && e.role == TensorRole::kParameter) {
+        ctx.first_parameter = e.name;
+        first_seen = true;
+      }
+    }
+    if (!first_seen) {  // no parameter: the first buffer stands for it
+      for (const auto& e : entries) {
+        if (e.role == TensorRole::kBuffer && e.tensor.defined() && !is_cpu_scalar(e.tensor)) {
+          ctx.first_parameter = e.name;
+          break;
+        }
+      }
+    }
+    // the first parameter's device first: that is where a framework that placed the model wants its inputs
+    for (const auto& e : entries) {
+      if (e.name != ctx.first_parameter || e.role == TensorRole::kInput) continue;
+      auto at = std::find(ctx.model_devices.begin(), ctx.model_devices.end(), e.tensor.device());
+      if (at != ctx.model_devices.end()) std::rotate(ctx.model_devices.begin(), at, at + 1);
+      break;
+    }
+  }
+  Advice advice = cause_and_fix(groups, ctx);
+  if (!advice.cause.empty()) msg += advice.cause + "\n";
+  msg += advice.fix;
+  report.cause = std::move(advice.cause);
+  report.fix = std::move(advice.fix);
   report.groups = std::move(groups);
   report.message = std::move(msg);
   return report;

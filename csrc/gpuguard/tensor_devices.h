@@ -85,6 +85,17 @@ struct CheckContext {
   std::string module;      // the module's class name ("Net"); empty when no module took part
   std::string layer;       // guard(deep=True): the qualified name of the layer being entered ("layers.2")
   std::string layer_type;  // its class name ("Linear")
+
+  // guard(deep=True) only: the whole model around the layer, so that the fix is right for a model placed
+  // across devices (a framework's device map, pipeline stages) as well as for a one-device model.
+  std::vector<c10::Device> model_devices;  // every device of the model's parameters and buffers, the first
+                                           // parameter's first; empty: not known
+  std::string first_parameter;             // the model's first parameter (its first buffer if it has none),
+                                           // the one next(model.parameters()) gives: "embed.weight"
+  std::size_t others_on_layer_device = 0;  // the model's tensors on the layer's device that are not the layer's
+  // the input on another device is one the model's caller passed as it is (or the layer was called directly),
+  // not an activation made inside the model
+  bool input_from_caller = true;
 };
 
 struct DeviceReport {
@@ -92,6 +103,8 @@ struct DeviceReport {
   std::optional<c10::Device> device;  // the common device when consistent (nullopt: no tensors)
   std::vector<DeviceGroup> groups;    // when inconsistent: the expected / the module's device first
   std::string message;                // when inconsistent: what is where, the likely cause, the fix
+  std::string cause;                  // when inconsistent: the message's "Likely cause: ..." line(s)
+  std::string fix;                    // when inconsistent: the message's last line, "Fix: ...", word for word
 };
 
 // The full, name-rich check. Applies the same rules as DeviceAgreement.

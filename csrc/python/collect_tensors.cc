@@ -276,6 +276,15 @@ void input_devices(PyObject* obj, DeviceAgreement& agreement, AddressSet& seen) 
   walk_input<false>(obj, kNoPath, seen, add);
 }
 
+void input_tensor_impls(PyObject* obj, std::vector<const c10::TensorImpl*>& out, std::size_t limit,
+                        AddressSet& seen) {
+  auto add = [&](PyObject* t, const std::string&) {
+    if (out.size() < limit && unpack(t).defined()) out.push_back(unpack(t).unsafeGetTensorImpl());
+  };
+  static const std::string kNoPath;
+  walk_input<false>(obj, kNoPath, seen, add);
+}
+
 void named_module_tensors(PyObject* module, bool recurse, std::vector<TensorEntry>& out) {
   NamingVisitor visitor{out, {}, {}};
   AddressSet seen;

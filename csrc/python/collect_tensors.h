@@ -32,6 +32,9 @@ void module_devices(PyObject* module, bool recurse, DeviceAgreement& agreement);
 // Tensors inside list / tuple (namedtuple) / dict / dataclass nesting; None and other leaves are skipped.
 void input_devices(PyObject* obj, DeviceAgreement& agreement, AddressSet& seen);
 
+// The TensorImpls of the tensors inside `obj` (same nesting rules), at most `limit` in all in `out`.
+void input_tensor_impls(PyObject* obj, std::vector<const c10::TensorImpl*>& out, std::size_t limit, AddressSet& seen);
+
 // Name-rich walks for the report. Each tensor object is named once (tied weights keep their first name, as
 // named_parameters() does).
 void named_module_tensors(PyObject* module, bool recurse, std::vector<TensorEntry>& out);

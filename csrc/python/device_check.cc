@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 
 namespace gpuguard::python {
@@ -63,7 +64,8 @@ py::dict group_to_dict(const DeviceGroup& g) {
     devices.append(device_name(g.device));
   }
   py::object cls = py::module_::import("gpuguard.errors").attr("DeviceMismatchError");
-  py::object error = cls(report.message, py::arg("groups") = groups, py::arg("devices") = devices,
+  py::object error = cls(report.message, py::arg("fix") = report.fix, py::arg("cause") = report.cause,
+                         py::arg("groups") = groups, py::arg("devices") = devices,
                          py::arg("expected") = context.expected ? py::object(py::str(device_name(*context.expected)))
                                                                 : py::object(py::none()),
                          py::arg("layer") = context.layer.empty() ? py::object(py::none())
@@ -74,8 +76,54 @@ py::dict group_to_dict(const DeviceGroup& g) {
 
 // The slow path, taken once the fast check said no: names every tensor, writes the report, raises.
 // Returns normally (with the common device) only if the tensors agree by now.
+// guard(deep=True): where the rest of the model is and whether the disagreeing input is the caller's, for
+// the cause and fix of a layer's report. `entries` are the layer's own tensors and its inputs.
+void describe_model_around(const DeepCall& deep, const std::vector<TensorEntry>& entries, CheckContext& context) {
+  PyObject* root = deep.root_ref ? PyWeakref_GET_OBJECT(deep.root_ref) : Py_None;
+  if (root == Py_None) return;  // the model is gone: the report says what it can without it
+  std::optional<c10::Device> layer_device;
+  std::vector<const c10::TensorImpl*> own;
+  for (const auto& e : entries) {
+    if (e.role == TensorRole::kInput || !e.tensor.defined()) continue;
+    own.push_back(e.tensor.unsafeGetTensorImpl());
+    if (!layer_device && !(e.tensor.device().is_cpu() && e.tensor.dim() == 0)) layer_device = e.tensor.device();
+  }
+  std::vector<TensorEntry> model;
+  named_module_tensors(root, /*recurse=*/true, model);
+  // the first parameter (as next(model.parameters()) gives it; the first buffer when there is none) leads
+  std::stable_partition(model.begin(), model.end(),
+                        [](const TensorEntry& e) { return e.role == TensorRole::kParameter; });
+  bool first_seen = false;
+  for (const auto& e : model) {
+    if (!e.tensor.defined() || (e.tensor.device().is_cpu() && e.tensor.dim() == 0)) continue;
+    const c10::Device d = e.tensor.device();
+    auto& devices = context.model_devices;
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+    if (!first_seen) {
+      context.first_parameter = e.name;
+      first_seen = true;
+    }
+    if (layer_device && d == *layer_device &&
+        std::find(own.begin(), own.end(), e.tensor.unsafeGetTensorImpl()) == own.end()) {
+      ++context.others_on_layer_device;
+    }
+  }
+  // outside the root's forward the layer was called directly: its inputs are its caller's
+  context.input_from_caller = deep.depth == 0;
+  if (deep.depth > 0 && layer_device) {
+    for (const auto& e : entries) {
+      if (e.role != TensorRole::kInput || !e.tensor.defined() || e.tensor.device() == *layer_device) continue;
+      const auto& in = deep.caller_inputs;
+      if (std::find(in.begin(), in.end(), e.tensor.unsafeGetTensorImpl()) != in.end()) {
+        context.input_from_caller = true;
+      }
+    }
+  }
+}
+
 std::optional<c10::Device> report_or_raise(py::handle module, bool recurse, py::handle args, py::handle kwargs,
-                                           const CheckContext& context, const LabelsFn& labels_fn) {
+                                           CheckContext context, const LabelsFn& labels_fn,
+                                           const DeepCall* deep = nullptr) {
   std::vector<TensorEntry> entries;
   if (module && !module.is_none()) named_module_tensors(module.ptr(), recurse, entries);
   AddressSet seen;
@@ -101,6 +149,7 @@ std::optional<c10::Device> report_or_raise(py::handle module, bool recurse, py::
       named_input_tensors(item.second.ptr(), py::str(item.first).cast<std::string>(), entries, seen);
     }
   }
+  if (deep) describe_model_around(*deep, entries, context);
   DeviceReport report = check_devices(entries, context);
   if (!report.consistent) raise_mismatch(report, context);
   return report.device;
@@ -173,7 +222,7 @@ py::object LayerGuard::operator()(py::handle module, py::handle args, py::handle
   context.module = type_name(module);
   context.layer = name_.empty() ? "<root>" : name_;
   context.layer_type = type_;
-  report_or_raise(module, /*recurse=*/false, args, kwargs, context, forward_labels(module));
+  report_or_raise(module, /*recurse=*/false, args, kwargs, context, forward_labels(module), call_.get());
   return py::none();
 }
 
@@ -181,15 +230,19 @@ namespace {
 
 template <typename Guard>
 PyObject* call_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_Format(PyExc_TypeError, "gpuguard's forward pre-hook takes (module, args, kwargs), got %zd arguments",
+  // PyTorch calls a pre-hook registered with_kwargs=True as hook(module, args, kwargs), and one registered
+  // without as hook(module, args); it also calls a hook removed during the forward that runs the hooks with
+  // the second form (it iterates a copy of the hooks but reads with_kwargs afresh). Both are checked.
+  if (nargs != 3 && nargs != 2) {
+    PyErr_Format(PyExc_TypeError,
+                 "gpuguard's forward pre-hook takes (module, args, kwargs) or (module, args), got %zd arguments",
                  nargs);
     return nullptr;
   }
   auto* guard = static_cast<Guard*>(PyCapsule_GetPointer(self, nullptr));
   if (!guard) return nullptr;
   try {
-    return (*guard)(args[0], args[1], args[2]).release().ptr();
+    return (*guard)(args[0], args[1], nargs == 3 ? py::handle(args[2]) : py::handle(Py_None)).release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const std::exception& e) {
@@ -232,10 +285,38 @@ py::object make_layer_hook(std::string name, std::string type) {
   return make_hook(new LayerGuard(std::move(name), std::move(type)), &g_layer_hook_def);
 }
 
-bool TreeWatch::changed(py::handle module) {
+DeepCall::~DeepCall() { Py_CLEAR(root_ref); }
+
+DeepGuard::DeepGuard(py::handle root) : call_(std::make_shared<DeepCall>()) {
+  call_->root_ref = PyWeakref_NewRef(root.ptr(), nullptr);
+  if (!call_->root_ref) throw py::error_already_set();
+}
+
+bool DeepGuard::enter(py::handle module, py::handle args, py::handle kwargs) {
+  if (call_->depth++ == 0) {
+    constexpr std::size_t kMaxRemembered = 64;  // a report needs the caller's tensors, not a bound on calls
+    auto& inputs = call_->caller_inputs;
+    inputs.clear();
+    AddressSet seen;
+    auto remember = [&](py::handle obj) {
+      if (obj && !obj.is_none()) input_tensor_impls(obj.ptr(), inputs, kMaxRemembered, seen);
+    };
+    remember(args);
+    if (kwargs && !kwargs.is_none() && !(PyDict_Check(kwargs.ptr()) && PyDict_GET_SIZE(kwargs.ptr()) == 0)) {
+      remember(kwargs);
+    }
+  }
   if (snapshot_.valid_for(module.ptr())) return false;
   snapshot_.rebuild(module.ptr());
   return true;
+}
+
+void DeepGuard::leave() {
+  if (call_->depth > 0 && --call_->depth == 0) call_->caller_inputs.clear();
+}
+
+py::object DeepGuard::layer_hook(std::string name, std::string type) {
+  return make_hook(new LayerGuard(std::move(name), std::move(type), call_), &g_layer_hook_def);
 }
 
 }  // namespace gpuguard::python

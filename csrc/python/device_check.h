@@ -4,8 +4,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "collect_tensors.h"
 
@@ -34,17 +36,35 @@ class ForwardGuard {
   ModuleSnapshot snapshot_;
 };
 
+// guard(module, deep=True): what the root's hooks share with every layer's hook: the root (weakly, for the
+// rest of the model's placement in a report) and, while the root's forward runs, which tensors its caller
+// passed, so that a layer's report tells an input the caller placed from an activation the model made.
+struct DeepCall {
+  DeepCall() = default;
+  DeepCall(const DeepCall&) = delete;
+  DeepCall& operator=(const DeepCall&) = delete;
+  ~DeepCall();  // the GIL must be held (it drops a weak reference)
+
+  PyObject* root_ref = nullptr;  // weak reference to the guarded module
+  int depth = 0;                 // root forwards in progress (a root called inside its own forward nests)
+  // the TensorImpls of the outermost call's tensor inputs (bounded): alive while that call runs, so an
+  // address here cannot be reused by an activation
+  std::vector<const c10::TensorImpl*> caller_inputs;
+};
+
 // guard(module, deep=True): the pre-hook of one layer. Checks the layer's own parameters and buffers (read
 // afresh on every call: a layer has a handful) against its inputs, naming the layer in the report.
 class LayerGuard {
  public:
-  LayerGuard(std::string name, std::string type) : name_(std::move(name)), type_(std::move(type)) {}
+  LayerGuard(std::string name, std::string type, std::shared_ptr<DeepCall> call = nullptr)
+      : name_(std::move(name)), type_(std::move(type)), call_(std::move(call)) {}
   py::object operator()(py::handle module, py::handle args, py::handle kwargs);
   const std::string& name() const { return name_; }
 
  private:
   std::string name_;
   std::string type_;
+  std::shared_ptr<DeepCall> call_;  // null: a layer hook on its own, the model around it unknown
 };
 
 // The hooks as plain built-in functions (METH_FASTCALL) owning their guard. PyTorch calls a pre-hook as
@@ -53,15 +73,23 @@ class LayerGuard {
 py::object make_forward_hook();
 py::object make_layer_hook(std::string name, std::string type);
 
-// guard(module, deep=True): tells the root's pre-hook whether the module tree changed since the layers
-// were hooked (a submodule added or replaced, a parameter added...), so that it hooks them again.
-class TreeWatch {
+// guard(module, deep=True): the state behind the root's pre-hook and post-hook (tensor_devices._DeepGuard).
+// Tells whether the module tree changed since the layers were hooked (a submodule added or replaced, a
+// parameter added...), so that they are hooked again, and makes the layers' hooks, which share its DeepCall.
+class DeepGuard {
  public:
-  // true (and remembers the new tree) when the tree differs from the one seen last.
-  bool changed(py::handle module);
+  explicit DeepGuard(py::handle root);
+  // The root's forward begins: remembers its caller's tensors; true (and remembers the new tree) when the
+  // tree differs from the one seen last.
+  bool enter(py::handle module, py::handle args, py::handle kwargs);
+  // The root's forward ended, normally or by an exception (an always-call forward hook).
+  void leave();
+  // A pre-hook for one layer (with_kwargs=True) sharing this guard's view of the model and its call.
+  py::object layer_hook(std::string name, std::string type);
 
  private:
   ModuleSnapshot snapshot_;
+  std::shared_ptr<DeepCall> call_;
 };
 
 }  // namespace gpuguard::python

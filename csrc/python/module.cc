@@ -86,9 +86,14 @@ void bind_tensor_devices(py::module_& m) {
         "A new forward pre-hook (with_kwargs=True) for guard(module): the whole tree against the inputs.");
   m.def("layer_hook", &gp::make_layer_hook, py::arg("name"), py::arg("type"),
         "A new forward pre-hook (with_kwargs=True) for one layer under guard(module, deep=True).");
-  py::class_<gp::TreeWatch>(m, "TreeWatch", "Tells whether a module tree changed since it was last seen.")
-      .def(py::init<>())
-      .def("changed", &gp::TreeWatch::changed, py::arg("module"));
+  py::class_<gp::DeepGuard>(m, "DeepGuard",
+                            "guard(module, deep=True): the root's view of its tree and of the call in progress.")
+      .def(py::init<py::handle>(), py::arg("root"))
+      .def("enter", &gp::DeepGuard::enter, py::arg("module"), py::arg("args"), py::arg("kwargs"),
+           "The root's forward begins: remembers the caller's tensors; True when the tree changed.")
+      .def("leave", &gp::DeepGuard::leave, "The root's forward ended (normally or by an exception).")
+      .def("layer_hook", &gp::DeepGuard::layer_hook, py::arg("name"), py::arg("type"),
+           "A forward pre-hook (with_kwargs=True) for one layer, sharing this guard's view of the model.");
 }
 
 

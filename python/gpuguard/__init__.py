@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
     )
     from .explain import Diagnosis, Evidence, explain, explain_file
     from .binding.launchers import LaunchContext, detect as detect_launcher
-    from .tensor_devices import GuardHandle, assert_same_device, guard, same_device
+    from .tensor_devices import GuardHandle, assert_same_device, find_device_mismatch, guard, same_device
     from .ray import PlacementReport, RayPlacement, ray_placement
     from .watchdog import Watch, watch
 
@@ -66,6 +66,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "GuardHandle": (".tensor_devices", "GuardHandle"),
     "assert_same_device": (".tensor_devices", "assert_same_device"),
     "guard": (".tensor_devices", "guard"),
+    "find_device_mismatch": (".tensor_devices", "find_device_mismatch"),
     "same_device": (".tensor_devices", "same_device"),
     "PlacementReport": (".ray", "PlacementReport"),
     "RayPlacement": (".ray", "RayPlacement"),
@@ -141,6 +142,7 @@ __all__ = [
     "doctor",
     "explain",
     "explain_file",
+    "find_device_mismatch",
     "guard",
     "init_process_group",
     "ray_placement",

@@ -37,8 +37,9 @@ class DeviceMismatchError(GpuGuardError):
 
     Fields: ``groups`` (one dict per device: ``device``, ``parameters`` and ``buffers`` by qualified name,
     ``inputs`` as ``{name, shape, dtype}``, ``summary`` with runs compressed), ``devices`` (the devices, in
-    the order of ``groups``), ``expected`` (the device asked for, or None) and ``layer`` (guard(deep=True):
-    the qualified name of the layer whose inputs disagree with its weights, else None).
+    the order of ``groups``), ``expected`` (the device asked for, or None), ``layer`` (guard(deep=True):
+    the qualified name of the layer whose inputs disagree with its weights, else None), ``cause`` (the
+    message's "Likely cause: ..." line) and ``fix`` (its last line, "Fix: ...").
     """
 
 

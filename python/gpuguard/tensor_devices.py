@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 from torch import nn
 
 from . import _C
+from .errors import DeviceMismatchError
 
-__all__ = ["GuardHandle", "assert_same_device", "guard", "same_device"]
+__all__ = ["GuardHandle", "assert_same_device", "find_device_mismatch", "guard", "same_device"]
 
 DeviceLike = Union[torch.device, str, int]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,6 +55,27 @@ def assert_same_device(model_or_tensor: Any, *tensors: Any,
     if isinstance(model_or_tensor, nn.Module):
         return _C.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
     return _C.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
+
+
+def find_device_mismatch(model_or_tensor: Any, *tensors: Any,
+                         expected: Optional[DeviceLike] = None) -> Optional[DeviceMismatchError]:
+    """The same check as ``assert_same_device``, answered instead of raised: the ``DeviceMismatchError`` it
+    would raise (message, ``cause``, ``fix``, ``groups``, ``devices``...), or None when the tensors agree.
+
+    For code that reports rather than stops, e.g. explaining a PyTorch "Expected all tensors to be on the
+    same device" error after it happened. Runs even with ``GPUGUARD_DISABLE=1`` (it is asked for explicitly).
+    Bad arguments still raise (TypeError, ValueError).
+    """
+    device = _as_device(expected)
+    try:
+        if isinstance(model_or_tensor, nn.Module):
+            _C.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
+        else:
+            _C.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
+    except DeviceMismatchError as mismatch:
+        mismatch.__traceback__ = None  # returned, not raised: no frames kept alive through it
+        return mismatch
+    return None
 
 
 def _tensors_labels(n: int) -> list[str]:
@@ -119,20 +142,26 @@ class GuardHandle:
     manager: ``with gpuguard.guard(model): ...`` removes the hooks on exit."""
 
     def __init__(self, module: nn.Module, deep: bool) -> None:
-        self.module = module
+        # weakly: a handle kept after the model is dropped must not keep the model (and its GPU memory) alive
+        self._module_ref = weakref.ref(module)
+        self._module_type = type(module).__name__
         self.deep = deep
         self._handles: list[Any] = []
-        self._layer_handles: list[Any] = []
+        self._deep: Optional[_DeepGuard] = None
+
+    @property
+    def module(self) -> Optional[nn.Module]:
+        """The guarded module, or None once it was freed."""
+        return self._module_ref()
 
     @property
     def hooked_layers(self) -> list[str]:
-        """deep=True: the qualified names of the layers currently hooked ("" is the root)."""
-        return [name for name, _ in self._layer_handles]
+        """deep=True: the qualified names of the layers currently checked ("" is the root)."""
+        return self._deep.hooked_layers() if self._deep is not None else []
 
     def remove(self) -> None:
-        for _, h in self._layer_handles:
-            h.remove()
-        self._layer_handles.clear()
+        if self._deep is not None:
+            self._deep.unhook_layers()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -146,7 +175,7 @@ class GuardHandle:
     def __repr__(self) -> str:
         state = "active" if self._handles else "removed"
         mode = ", deep=True" if self.deep else ""
-        return f"<gpuguard.GuardHandle {type(self.module).__name__}{mode} {state}>"
+        return f"<gpuguard.GuardHandle {self._module_type}{mode} {state}>"
 
 
 def _owns_parameters(module: nn.Module) -> bool:
@@ -154,26 +183,56 @@ def _owns_parameters(module: nn.Module) -> bool:
 
 
 class _DeepGuard:
-    """deep=True: the root's first pre-hook. When the module tree changed since the layers were hooked
-    (submodules added or replaced, parameters added), it hooks them again, so no layer goes unchecked."""
+    """deep=True: the root's first pre-hook and its always-called forward hook.
 
-    def __init__(self, handle: GuardHandle) -> None:
-        self._handle = handle
-        self._watch = _C.TreeWatch()
+    On entry it remembers the caller's tensors (so that a layer's report can tell an input placed by the
+    caller from an activation made inside the model), checks the root's own parameters when it owns some,
+    and, when the module tree changed since the layers were hooked (submodules added or replaced,
+    parameters added), hooks them again, so no layer goes unchecked.
+
+    The root's own check runs here, never as a hook of its own: a hook removed while the root's hooks run is
+    still called by PyTorch in that forward, without its keyword arguments. Layers whose module and name did
+    not change keep their hook.
+    """
+
+    def __init__(self, root: nn.Module) -> None:
+        self._state = _C.DeepGuard(root)
+        self._root_check: Optional[Callable[..., None]] = None
+        self._layers: dict[str, tuple[Any, Any]] = {}  # name -> (weak reference to the module, hook handle)
 
     def __call__(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if self._watch.changed(module):
+        if self._state.enter(module, args, kwargs):
             self.hook_layers(module)
+        if self._root_check is not None:
+            self._root_check(module, args, kwargs)
+
+    def after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._state.leave()
+
+    def hooked_layers(self) -> list[str]:
+        return ([""] if self._root_check is not None else []) + list(self._layers)
 
     def hook_layers(self, root: nn.Module) -> None:
-        for _, h in self._handle._layer_handles:
+        self._root_check = None
+        if _owns_parameters(root):
+            self._root_check = self._state.layer_hook("", type(root).__name__)
+        wanted = {name: sub for name, sub in root.named_modules() if name and _owns_parameters(sub)}
+        for name in [n for n, (ref, _) in self._layers.items() if ref() is not wanted.get(n)]:
+            self._layers.pop(name)[1].remove()
+        layers: dict[str, tuple[Any, Any]] = {}
+        for name, sub in wanted.items():  # module order, as named_modules() gives it
+            kept = self._layers.get(name)
+            if kept is None:
+                hook = self._state.layer_hook(name, type(sub).__name__)
+                kept = (weakref.ref(sub), sub.register_forward_pre_hook(hook, with_kwargs=True))
+            layers[name] = kept
+        self._layers = layers
+
+    def unhook_layers(self) -> None:
+        for _, h in self._layers.values():
             h.remove()
-        self._handle._layer_handles.clear()
-        for name, sub in root.named_modules():
-            if _owns_parameters(sub):
-                hook = _C.layer_hook(name, type(sub).__name__)
-                self._handle._layer_handles.append(
-                    (name, sub.register_forward_pre_hook(hook, with_kwargs=True)))
+        self._layers.clear()
+        self._root_check = None
 
 
 def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
@@ -192,9 +251,13 @@ def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
     if not deep:
         handle._handles.append(module.register_forward_pre_hook(_C.forward_hook(), with_kwargs=True))
         return handle
-    deep_guard = _DeepGuard(handle)
-    deep_guard._watch.changed(module)
+    deep_guard = _DeepGuard(module)
+    deep_guard._state.enter(module, (), None)  # the tree as it is now; no call in progress
+    deep_guard._state.leave()
     deep_guard.hook_layers(module)
-    # prepend: the tree is re-synced before any layer hook of the root itself runs
+    handle._deep = deep_guard
+    # prepend: the tree is re-synced before any other pre-hook of the root runs; always_call: a forward that
+    # raised still ends the call the layers' reports refer to
     handle._handles.append(module.register_forward_pre_hook(deep_guard, with_kwargs=True, prepend=True))
+    handle._handles.append(module.register_forward_hook(deep_guard.after_forward, always_call=True))
     return handle

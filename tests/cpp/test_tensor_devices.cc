@@ -130,20 +130,109 @@ TEST(CheckDevices, InputsElsewhereAreNamedWithShapeAndTheFixMovesThem) {
   EXPECT_EQ(l[2], "  cpu: 1 input: x (shape [8, 4], float32)");
   EXPECT_EQ(l[3].rfind("Likely cause: the inputs were put on a different device than the model", 0), 0u);
   EXPECT_EQ(l[4], "Fix: move the inputs to the model's device: x = x.to(\"meta\"), or take the device from the "
-                  "model: x.to(next(model.parameters()).device); or move the model to the inputs with "
-                  "model.to(\"cpu\").");
+                  "model: x.to(next(model.parameters()).device).");
+  EXPECT_EQ(report.fix, l[4]);
+  EXPECT_EQ(report.cause, l[3]);
 }
 
-TEST(CheckDevices, ASplitModelIsNamedByRangesAndTheFixIsOneDevice) {
+TEST(CheckDevices, ASplitModelIsSaidToBeSplitAndIsNeverMovedToOneDevice) {
   auto entries = layers(16, [](int i) { return i < 12 ? on_cpu({4}) : on_meta({4}); });
+  entries.push_back({TensorRole::kInput, "ids", on_meta({2, 4})});  // inputs moved by hand to the last device
   CheckContext ctx;
   ctx.module = "Net";
   auto report = gpuguard::check_devices(entries, ctx);
   auto l = lines(report.message);
+  EXPECT_EQ(l[0], "gpuguard: the model (Net) is split: its parameters and buffers are on 2 devices (cpu, meta), so "
+                  "no one device holds it and its inputs.");
   EXPECT_EQ(l[1], "  cpu: 24 parameters of Net: layers.0-11.*");
   EXPECT_EQ(l[2], "  meta: 8 parameters of Net: layers.12-15.*");
-  EXPECT_EQ(l.back(), "Fix: model.to(\"cpu\") puts every parameter and buffer on one device; if the split is "
-                      "deliberate, check the model layer by layer with gpuguard.guard(model, deep=True) instead.");
+  EXPECT_EQ(l[3], "  meta: 1 input: ids (shape [2, 4], float32)");
+  EXPECT_EQ(report.fix.find("model.to("), std::string::npos);
+  EXPECT_EQ(report.fix.rfind("Fix: if the split is deliberate, leave placement to the framework: put the inputs "
+                             "where its first parameter (layers.0.weight) is: ids = ids.to(\"cpu\") "
+                             "(next(model.parameters()).device); never move the whole model to one device", 0),
+            0u);
+  EXPECT_NE(report.fix.find("CUDA_VISIBLE_DEVICES=0"), std::string::npos);
+}
+
+TEST(CheckDevices, AFewStrayPartsAreMovedOneByOneToTheRest) {
+  std::vector<TensorEntry> entries = {{TensorRole::kParameter, "embed.weight", on_meta()},
+                                      {TensorRole::kParameter, "blocks.0.weight", on_meta()},
+                                      {TensorRole::kParameter, "blocks.1.weight", on_meta()},
+                                      {TensorRole::kParameter, "head.weight", on_cpu()},
+                                      {TensorRole::kParameter, "head.bias", on_cpu({4})}};
+  auto report = gpuguard::check_devices(entries, {});
+  EXPECT_NE(report.fix.find("If the split is a mistake, move the stray part to the rest: "
+                            "model.get_submodule(\"head\").to(\"meta\")."),
+            std::string::npos);
+}
+
+// guard(deep=True): a layer's report with the rest of the model described (device lists as a GPU job has
+// them; the layer's own tensors and inputs on cpu and meta, the two devices there are without a GPU).
+CheckContext layer_context(std::vector<c10::Device> model, bool from_caller, std::size_t others = 1) {
+  CheckContext ctx;
+  ctx.module = "Linear";
+  ctx.layer = "blocks.1.proj";
+  ctx.layer_type = "Linear";
+  ctx.model_devices = std::move(model);
+  ctx.first_parameter = "embed.weight";
+  ctx.input_from_caller = from_caller;
+  ctx.others_on_layer_device = others;
+  return ctx;
+}
+
+std::vector<TensorEntry> layer_on(at::Tensor weight, at::Tensor input) {
+  return {{TensorRole::kParameter, "weight", std::move(weight)}, {TensorRole::kInput, "x", std::move(input)}};
+}
+
+TEST(CheckDevices, DeepOneDeviceModelWithTheCallersInputsElsewhereMovesTheInputs) {
+  auto report = gpuguard::check_devices(layer_on(on_meta(), on_cpu()), layer_context({c10::kMeta}, true));
+  EXPECT_EQ(report.fix, "Fix: move the inputs to the model's device before calling it: x = x.to(\"meta\"), or "
+                        "x.to(next(model.parameters()).device).");
+}
+
+TEST(CheckDevices, DeepSplitModelWithTheCallersInputsPutsThemWhereTheFirstParameterIs) {
+  const std::vector<c10::Device> model = {c10::kMeta, c10::Device(c10::kCUDA, 1), c10::kCPU};
+  auto report = gpuguard::check_devices(layer_on(on_meta(), on_cpu()), layer_context(model, true));
+  EXPECT_EQ(report.cause, "Likely cause: the model is placed across 3 devices (meta, cuda:1, cpu), its first parameter "
+                          "(embed.weight) on meta, but the inputs were put on cpu by hand.");
+  EXPECT_EQ(report.fix.rfind("Fix: leave placement to whatever split the model and put the inputs where its first "
+                             "parameter is: x = x.to(\"meta\")", 0), 0u);
+  EXPECT_EQ(report.fix.find("model.to("), std::string::npos);
+  // the layer is not on the first parameter's device: the forward must hand the caller's input over
+  auto later = gpuguard::check_devices(layer_on(on_cpu(), on_meta()), layer_context(model, true));
+  EXPECT_EQ(later.fix.rfind("Fix: move it in the parent's forward before calling this layer: x = x.to(\"cpu\")", 0),
+            0u);
+}
+
+TEST(CheckDevices, DeepActivationMovedElsewhereInAModelCollapsedToOneDeviceBlamesTheMove) {
+  // every parameter on cpu (a model.to("cpu") after a framework placed it), the activation moved to meta
+  auto report = gpuguard::check_devices(layer_on(on_cpu(), on_meta()), layer_context({c10::kCPU}, false));
+  EXPECT_EQ(report.cause.rfind("Likely cause: the model moves this activation to meta itself", 0), 0u);
+  EXPECT_NE(report.cause.find("all of its parameters and buffers are on cpu: the whole model was moved to one device"),
+            std::string::npos);
+  EXPECT_EQ(report.fix.rfind("Fix: leave placement to the framework: do not move a model it placed", 0), 0u);
+  EXPECT_EQ(report.fix.find("get_submodule"), std::string::npos);
+  // the activation on the CPU of a model on an accelerator: made in forward without device=
+  auto made = gpuguard::check_devices(layer_on(on_meta(), on_cpu()), layer_context({c10::kMeta}, false));
+  EXPECT_EQ(made.cause.rfind("Likely cause: this input was made inside the model's forward on the CPU", 0), 0u);
+  EXPECT_NE(made.fix.find("device=x.device"), std::string::npos);
+}
+
+TEST(CheckDevices, DeepSplitModelTellsALayerAloneFromAStageMissingItsHandOver) {
+  const std::vector<c10::Device> model = {c10::kCPU, c10::kMeta};
+  auto alone = gpuguard::check_devices(layer_on(on_meta(), on_cpu()), layer_context(model, false, 0));
+  EXPECT_EQ(alone.fix, "Fix: put the layer with the layers before it: "
+                       "model.get_submodule(\"blocks.1.proj\").to(\"cpu\").");
+  auto stage = gpuguard::check_devices(layer_on(on_meta(), on_cpu()), layer_context(model, false, 6));
+  EXPECT_EQ(stage.cause, "Likely cause: the model is split across devices and the part on meta starts at "
+                         "'blocks.1.proj', but nothing moves the activation from cpu to meta before it.");
+  EXPECT_EQ(stage.fix.find("get_submodule"), std::string::npos);
+  // an activation on a device none of the model is on was made there inside the forward
+  auto nowhere = gpuguard::check_devices(layer_on(on_meta(), on_cpu()),
+                                         layer_context({c10::kMeta, c10::Device(c10::kCUDA, 0)}, false));
+  EXPECT_EQ(nowhere.cause.rfind("Likely cause: this input was made inside the model's forward on cpu, where none "
+                                "of the model is", 0), 0u);
 }
 
 TEST(CheckDevices, ExpectedDeviceCountsWhatIsElsewhere) {

@@ -103,8 +103,9 @@ def test_mismatch_groups_by_device_compresses_names_and_ends_with_the_fix():
     assert lines[0] == "gpuguard: tensors that must share one device are on 2 devices: meta, cpu."
     assert lines[1] == "  meta: 34 parameters, 1 buffer of Stack: layers.*, norm.*, scale"
     assert lines[2] == "  cpu: 1 input: tensors[0] (shape [8, 4], float32)"
-    assert lines[-1].startswith('Fix: move the inputs to the model\'s device: x = x.to("meta")')
-    assert 'model.to("cpu")' in lines[-1]
+    assert lines[-1] == ('Fix: move the inputs to the model\'s device: x = x.to("meta"), or take the device from '
+                         'the model: x.to(next(model.parameters()).device).')
+    assert err.fix == lines[-1] and err.cause == lines[-2] and err.without_fix() == "\n".join(lines[:-1])
     assert err.devices == ["meta", "cpu"]
     assert err.expected is None and err.layer is None
     meta, cpu = err.groups
@@ -114,17 +115,26 @@ def test_mismatch_groups_by_device_compresses_names_and_ends_with_the_fix():
     assert isinstance(err, gpuguard.GpuGuardError) and isinstance(err, RuntimeError)
 
 
-def test_part_of_the_model_moved_is_named_as_a_range_and_the_fix_is_one_device():
+def test_part_of_the_model_moved_is_named_as_a_range_and_the_model_is_said_to_be_split():
     model = Stack(20)
     for layer in model.layers[4:16]:
         layer.to("meta")
-    msg = str(mismatch(gpuguard.assert_same_device, model))
+    err = mismatch(gpuguard.assert_same_device, model)
+    msg = str(err)
+    assert msg.startswith("gpuguard: the model (Stack) is split: its parameters and buffers are on 2 devices "
+                          "(meta, cpu), so no one device holds it and its inputs.\n")
     assert "  cpu: 18 parameters, 1 buffer of Stack: layers.0-3.*, layers.16-19.*, norm.*, scale\n" in msg
     assert "  meta: 24 parameters of Stack: layers.4-15.*\n" in msg
-    assert "Likely cause: the model itself is split" in msg
-    # most of the model is on meta, so that is where the fix puts the rest
-    assert msg.endswith('Fix: model.to("meta") puts every parameter and buffer on one device; if the split is '
-                       'deliberate, check the model layer by layer with gpuguard.guard(model, deep=True) instead.')
+    assert "Likely cause: the model is placed across devices on purpose" in msg
+    # never "move everything to one device": inputs go where the first parameter is, or one GPU is made visible
+    assert 'model.to(' not in err.fix
+    assert err.fix.startswith('Fix: if the split is deliberate, leave placement to the framework: put the inputs '
+                              'where its first parameter (layers.0.weight) is: x = x.to("cpu") '
+                              '(next(model.parameters()).device); never move the whole model to one device')
+    assert "CUDA_VISIBLE_DEVICES=0" in err.fix
+    # a mistake is undone part by part: here the stray parts are many, so the list above is pointed at
+    assert err.fix.endswith('If the split is a mistake, move the stray part to the rest: each part listed above on '
+                            'another device to meta (a submodule with model.get_submodule(name).to("meta")).')
 
 
 def test_only_weights_moved_are_named_with_their_suffix():
@@ -361,8 +371,16 @@ def test_deep_guard_passes_a_model_split_on_purpose():
     with gpuguard.guard(model, deep=True) as handle:
         assert handle.hooked_layers == ["layers.0", "layers.1", "layers.2", "layers.3"]
         assert model(torch.zeros(2, 4)).device == META
-    # the whole-model check rightly refuses the split
-    assert "Likely cause: the model itself is split" in str(mismatch(gpuguard.assert_same_device, model))
+    # the whole-model check says the model is split, and where its inputs belong, instead of one device
+    err = mismatch(gpuguard.assert_same_device, model, torch.zeros(2, 4, device="meta"))
+    assert str(err).startswith("gpuguard: the model (Split) is split: its parameters and buffers are on 2 devices "
+                               "(cpu, meta)")
+    assert 'put the inputs where its first parameter (layers.0.weight) is: x = x.to("cpu")' in err.fix
+    assert 'If the split is a mistake, move the stray part to the rest: model.get_submodule("layers.2").to("cpu"); ' \
+           'model.get_submodule("layers.3").to("cpu").' in err.fix
+    # and following the advice works: inputs where the first parameter is
+    with gpuguard.guard(model, deep=True):
+        assert model(torch.zeros(2, 4).to(next(model.parameters()).device)).device == META
 
 
 def test_deep_guard_names_the_misplaced_third_layer():
@@ -376,7 +394,10 @@ def test_deep_guard_names_the_misplaced_third_layer():
                           "device\".\n")
     assert "  meta: 2 parameters of 'layers.2': weight, bias\n" in msg
     assert "  cpu: 1 input: input (shape [2, 4], float32)\n" in msg
-    assert msg.endswith('otherwise put the layer with the rest: model.get_submodule("layers.2").to("cpu").')
+    # layers.2 alone is on meta and the layers before it ran on cpu: put it with them
+    assert err.cause == ("Likely cause: 'layers.2' alone was placed on meta: the layers before it ran on cpu and no "
+                         "other part of the model is on meta.")
+    assert msg.endswith('Fix: put the layer with the layers before it: model.get_submodule("layers.2").to("cpu").')
     handle.remove()
     with pytest.raises(RuntimeError):  # what PyTorch says without gpuguard: no layer named
         model(torch.zeros(2, 4))

@@ -73,8 +73,10 @@ class DeviceMismatch(Recogniser):
         if involves_cpu:
             cause += " One side is the CPU: a buffer or tensor kept as a plain attribute is not moved by .to(device)."
         fix = ("gpuguard.assert_same_device(model, *inputs) names every parameter, buffer and input on each device; "
-               "gpuguard.guard(model, deep=True) names the first layer whose inputs disagree with its weights. Move "
-               "the inputs to the device of the layer that receives them (next(model.parameters()).device for a "
-               "one-device model), and register tensors as buffers so that .to() moves them.")
+               "gpuguard.guard(model, deep=True) names the first layer whose inputs disagree with its weights. Put the "
+               "inputs where the model's first parameter is (next(model.parameters()).device: the model's device, "
+               "or its first layer's when a framework placed it across GPUs); never move a model placed across "
+               "GPUs to one device (to run it on one GPU, set CUDA_VISIBLE_DEVICES before the process starts); "
+               "register tensors as buffers so that .to() moves them.")
         return Diagnosis(kind, summary, tuple(ranks), tuple(group.devices), cause, fix, group.sorted_evidence(),
                          group.occurrences)
