@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpu_support import nvidia_smi
+from .gpu_support import nvidia_smi
 
 ROOT = Path(__file__).resolve().parents[3]
 # variables that point gpuguard at the fakes, or that a launcher running this suite would leak into children

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gpu_support import torchrun
+from .gpu_support import torchrun
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from gpu_support import normalise_bus_id
+from .gpu_support import normalise_bus_id
 
 pytestmark = pytest.mark.gpu
 

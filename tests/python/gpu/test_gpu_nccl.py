@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpu_support import normalise_bus_id, torchrun
+from .gpu_support import normalise_bus_id, torchrun
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -1,0 +1,1 @@
+"""The `gpu` acceptance tests (a package, so that its conftest does not shadow tests/python/conftest.py)."""
