@@ -15,9 +15,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
 
-from cluster import Cluster, missing_requirements  # noqa: E402
+from .cluster import Cluster, missing_requirements
 
 RANK_PROGRAM = HERE / "rank_program.py"
 

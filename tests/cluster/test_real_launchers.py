@@ -9,7 +9,7 @@ import subprocess
 import threading
 
 import pytest
-from conftest import program, results
+from .conftest import program, results
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -152,6 +152,11 @@ def test_rank_behind_sleeping_in_python_is_named_with_its_stack(fake_gpus, tmp_p
     output = job.end()
     behind(job, output, "# rank 2 sleeps here")
     assert job.procs[0].returncode == 0, "report mode must never stop the job"
+    # what the job printed is what `gpuguard explain` is pasted: it reads the stall report back
+    explained = subprocess.run([sys.executable, "-m", "gpuguard", "explain", "-"], input=output, text=True,
+                               capture_output=True, env=scrubbed(fake_gpus.env("h100x4")), timeout=120)
+    assert explained.returncode == 0, explained.stderr
+    assert "Rank 2 never entered ALL_REDUCE #5 on group 'default_pg'" in explained.stdout, explained.stdout
 
 
 @pytest.mark.slow
