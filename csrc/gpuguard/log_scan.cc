@@ -71,13 +71,13 @@ KeywordSearch::KeywordSearch(std::vector<std::string> keywords) : keywords_(std:
   }
 }
 
-std::size_t KeywordSearch::find(std::string_view text) const {
+template <class OnHit>
+void KeywordSearch::for_each_hit(std::string_view text, OnHit&& on_hit) const {
   const std::size_t n = text.size();
   const std::size_t m = window_;
-  if (n < m) return std::string_view::npos;
+  if (n < m) return;
   const char* d = text.data();
-  std::size_t end = m - 1;  // index of the window's last byte
-  while (end < n) {
+  for (std::size_t end = m - 1; end < n;) {  // end: index of the window's last byte
     unsigned pair = pair_at(d + end - 1);
     std::uint8_t s = shift_[pair];
     if (s != 0) {
@@ -87,33 +87,27 @@ std::size_t KeywordSearch::find(std::string_view text) const {
     std::size_t start = end + 1 - m;
     for (std::uint16_t k : ends_[ends_slot_[pair] - 1]) {
       const std::string& kw = keywords_[k];
-      if (start + kw.size() <= n && std::memcmp(d + start, kw.data(), kw.size()) == 0) return start;
+      if (start + kw.size() <= n && std::memcmp(d + start, kw.data(), kw.size()) == 0 && on_hit(start, k)) return;
     }
     ++end;
   }
-  return std::string_view::npos;
+}
+
+std::size_t KeywordSearch::find(std::string_view text) const {
+  std::size_t first = std::string_view::npos;
+  for_each_hit(text, [&](std::size_t start, std::uint16_t) {
+    first = start;
+    return true;
+  });
+  return first;
 }
 
 std::uint64_t KeywordSearch::present(std::string_view text) const {
   std::uint64_t found = 0;
-  const std::size_t n = text.size();
-  const std::size_t m = window_;
-  if (n < m) return 0;
-  const char* d = text.data();
-  for (std::size_t end = m - 1; end < n;) {
-    unsigned pair = pair_at(d + end - 1);
-    std::uint8_t s = shift_[pair];
-    if (s != 0) {
-      end += s;
-      continue;
-    }
-    std::size_t start = end + 1 - m;
-    for (std::uint16_t k : ends_[ends_slot_[pair] - 1]) {
-      const std::string& kw = keywords_[k];
-      if (start + kw.size() <= n && std::memcmp(d + start, kw.data(), kw.size()) == 0) found |= 1ULL << k;
-    }
-    ++end;
-  }
+  for_each_hit(text, [&](std::size_t, std::uint16_t k) {
+    found |= 1ULL << k;
+    return false;
+  });
   return found;
 }
 

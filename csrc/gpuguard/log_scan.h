@@ -52,6 +52,9 @@ class KeywordSearch {
   const std::vector<std::string>& keywords() const { return keywords_; }
 
  private:
+  // Calls on_hit(start, keyword index) for each keyword occurrence, left to right, until it returns true.
+  template <class OnHit>
+  void for_each_hit(std::string_view text, OnHit&& on_hit) const;
   std::vector<std::string> keywords_;
   std::size_t window_ = 0;                          // the shortest keyword's length
   std::vector<std::uint8_t> shift_;                 // per byte pair: how far the window may move
