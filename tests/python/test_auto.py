@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_python
+from conftest import ROOT, run_json, run_python
 from test_bind import scrubbed
 
 SITE_HOOK = ROOT / "tests" / "python" / "auto_site"
@@ -326,6 +326,60 @@ def test_e_right_model_runs_with_the_one_line(fake_gpus):
     assert proc.stderr.strip().splitlines() == [line for line in proc.stderr.strip().splitlines()
                                                 if line.startswith(ACTIVE)]
     assert proc.stderr.count(ACTIVE) == 1
+
+
+# ---- reports printed whole: ranks sharing the launcher's stderr never cut into each other's ------------------
+
+WRITES_PROBE = """
+import json, sys
+import torch
+from gpuguard.errors import DuplicateDeviceError
+
+class Recording:  # a stderr that keeps each write apart
+    def __init__(self): self.writes = []
+    def write(self, text): self.writes.append(text); return len(text)
+    def flush(self): pass
+
+def writes_of(exc):
+    try:
+        raise exc
+    except BaseException as caught:
+        sys.stderr, real = Recording(), sys.stderr
+        try:
+            sys.excepthook(type(caught), caught, caught.__traceback__)
+        finally:
+            recorded, sys.stderr = sys.stderr, real
+    return recorded.writes
+
+ours = DuplicateDeviceError("2 ranks of group 'default' share 1 GPU.\\nFix: start at most 1 process")
+ours.add_note("gpuguard (auto, at init_process_group): rank 1 is on cuda:0")
+print(json.dumps({"ours": writes_of(ours), "other": writes_of(ValueError("not gpuguard's"))}))
+"""
+
+
+def test_a_gpuguard_report_reaches_stderr_in_one_write(fake_gpus):
+    got = run_json(WRITES_PROBE, auto_env(fake_gpus.env("h100x1")))
+    [whole] = got["ours"]
+    assert whole.startswith("Traceback (most recent call last):\n")
+    assert whole.endswith("gpuguard.errors.DuplicateDeviceError: 2 ranks of group 'default' share 1 GPU.\n"
+                          "Fix: start at most 1 process\n"
+                          "gpuguard (auto, at init_process_group): rank 1 is on cuda:0\n")
+    # any other exception is printed by Python's own hook, as without gpuguard (in many writes)
+    assert len(got["other"]) > 1 and "".join(got["other"]).endswith("ValueError: not gpuguard's\n")
+
+
+def test_a_report_under_torchs_rank_prefix_hook_stays_whole_and_prefixed(fake_gpus, tmp_path):
+    code = f"""
+    import torch.distributed as dist
+    from gpuguard.errors import RankMappingError
+    dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+    raise RankMappingError("torch.cuda.set_device(5) asks for cuda:5\\nFix: use the local rank")
+    """
+    proc = run_python(code, auto_env(fake_gpus.env("h100x1")), check=False)
+    assert proc.returncode == 1
+    tail = proc.stderr.splitlines()[-2:]
+    assert tail == ["[rank0]: gpuguard.errors.RankMappingError: torch.cuda.set_device(5) asks for cuda:5",
+                    "[rank0]: Fix: use the local rank"], proc.stderr
 
 
 # ---- the deferred check of an NCCL group, as on a CUDA build of torch -----------------------------------------

@@ -7,7 +7,8 @@
 - ``torch.distributed.init_process_group``: NCCL-backed groups get bind()'s cross-rank duplicate check, once,
   before their first communicator (group_check), triggered by ``device_id=``, ``set_device`` after init,
   DDP/FSDP construction or the first collective (those wrappers are removed once the check ran);
-- ``sys.excepthook`` / ``threading.excepthook``: a device-mismatch RuntimeError gets gpuguard's report (enrich);
+- ``sys.excepthook`` / ``threading.excepthook``: a device-mismatch RuntimeError gets gpuguard's report (enrich),
+  and gpuguard's reports are printed in one write, whole among other ranks' output (excepthooks);
 - with ``GPUGUARD_GUARD=1``, ``guard(deep=True)`` on every module given to DDP/FSDP.
 """
 
@@ -20,7 +21,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from . import device_index, enrich as _enrich, group_check
+from . import device_index, enrich as _enrich, excepthooks, group_check
 from .patches import Patches
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ def enable(origin: str = "gpuguard.auto.enable()") -> None:
         _patches.replace(torch.nn.Module, "to", _module_to)
         if dist.is_available():
             _patches.replace(dist, "init_process_group", _init_process_group)
-        _enrich.install(_patches)
+        excepthooks.install(_patches)
         global _watch
         from ..watchdog import watch_from_environment
 

@@ -2,7 +2,7 @@
 parameters, inputs, the first layer that disagrees, cause, fix) attached with ``add_note``.
 
 Zero cost on the happy path: nothing runs until an exception reaches ``sys.excepthook`` (or
-``threading.excepthook``); only then are the traceback's frames read. The outermost ``nn.Module.forward``
+``threading.excepthook``, see ``excepthooks``); only then are the traceback's frames read. The outermost ``nn.Module.forward``
 frame holds the model the job called and its inputs, the innermost one the layer where torch stopped. The
 exception keeps its type and traceback; the report is printed once per process (with the traceback it is
 attached to).
@@ -11,13 +11,12 @@ attached to).
 from __future__ import annotations
 
 import inspect
-import sys
 import threading
 import types
 from typing import Any, Optional
 
 MARKERS = ("Expected all tensors to be on the same device", "is not on the expected device")
-_NOTE_PREFIX = "gpuguard: "
+NOTE_PREFIX = "gpuguard: "
 _printed = False
 _lock = threading.Lock()
 
@@ -73,13 +72,13 @@ def report(exc: BaseException) -> Optional[str]:
     name = next((n for n, m in model.named_modules() if m is layer), None)
     where = (f"torch stopped in layer '{name}' ({type(layer).__name__})" if name else
              f"torch stopped in {type(layer).__name__}")
-    return f"{_NOTE_PREFIX}{where} of {type(model).__name__}.\n{text}"
+    return f"{NOTE_PREFIX}{where} of {type(model).__name__}.\n{text}"
 
 
 def enrich(exc: BaseException) -> bool:
     """Attaches the report to ``exc`` once; True when it did (or had)."""
     notes = getattr(exc, "__notes__", None) or []
-    if any(isinstance(n, str) and n.startswith(_NOTE_PREFIX) for n in notes):
+    if any(isinstance(n, str) and n.startswith(NOTE_PREFIX) for n in notes):
         return True
     try:
         text = report(exc)
@@ -91,32 +90,9 @@ def enrich(exc: BaseException) -> bool:
     return True
 
 
-def _first_time() -> bool:
+def first_time() -> bool:
+    """True once per process: the report is attached to the first device mismatch that reaches a hook."""
     global _printed
     with _lock:
         first, _printed = not _printed, True
     return first
-
-
-def excepthook(original: Any) -> Any:
-    def hook(exc_type: type, exc: BaseException, tb: Any) -> Any:
-        if exc is not None and is_device_mismatch(exc) and _first_time():
-            enrich(exc)
-        return original(exc_type, exc, tb)
-    hook.__wrapped__ = original  # type: ignore[attr-defined]
-    return hook
-
-
-def thread_excepthook(original: Any) -> Any:
-    def hook(args: Any) -> Any:
-        exc = args.exc_value
-        if exc is not None and is_device_mismatch(exc) and _first_time():
-            enrich(exc)
-        return original(args)
-    hook.__wrapped__ = original  # type: ignore[attr-defined]
-    return hook
-
-
-def install(patches: Any) -> None:
-    patches.replace(sys, "excepthook", excepthook)
-    patches.replace(threading, "excepthook", thread_excepthook)
