@@ -113,16 +113,18 @@ def test_set_device_with_the_global_rank_names_ranks_and_variables(fake_gpus):
     assert "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))" in proc.stderr
 
 
-def test_module_to_a_device_this_process_cannot_see(fake_gpus):
+@pytest.mark.parametrize("call,quoted", [('.to(torch.device("cuda", 3))', "Linear.to(device(type='cuda', index=3))"),
+                                         (".cuda(3)", "Linear.cuda(3)")])
+def test_module_to_a_device_this_process_cannot_see(fake_gpus, call, quoted):
     env = auto_env(fake_gpus.env("h100x4", visible="2,3"), RANK="3", WORLD_SIZE="4", LOCAL_RANK="1",
                    LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-    proc = run_python("""
+    proc = run_python(f"""
         import torch
         torch.nn.Linear(2, 2).to("meta")               # not CUDA: untouched
-        torch.nn.Linear(2, 2).to(torch.device("cuda", 3))
+        torch.nn.LazyLinear(2).to(torch.float64)       # Module.to on a lazy module: untouched
+        torch.nn.Linear(2, 2){call}
     """, env, check=False)
-    assert "RankMappingError: Linear.to(device(type='cuda', index=3)) asks for cuda:3, but this process on " \
-        in proc.stderr
+    assert f"RankMappingError: {quoted} asks for cuda:3, but this process on " in proc.stderr
     assert "sees 2 GPUs (cuda:0..cuda:1; CUDA_VISIBLE_DEVICES=2,3)" in proc.stderr
     assert "3 equals the global rank" in proc.stderr and "(1: cuda:1)" in proc.stderr
 
@@ -403,6 +405,9 @@ try:
         dist.all_reduce(torch.ones(1))
     elif mode == "ddp":
         torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    elif mode.startswith("ddp_"):  # device_ids=[LOCAL_RANK] | [RANK] | [0]; set_device never called
+        index = {"ddp_local": int(os.environ["LOCAL_RANK"]), "ddp_rank": dist.get_rank(), "ddp_zero": 0}[mode]
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[index])
 except Exception as exc:
     out = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
            "notes": getattr(exc, "__notes__", [])}
@@ -457,6 +462,53 @@ def test_first_collective_or_ddp_runs_the_check_once(fake_gpus, tmp_path, mode, 
                                 f"init_process_group, or pass device_id= to it."]
     if mode == "collective":  # the trigger is gone once it fired: no wrapper left on the hot path
         assert all(got["collective_unwrapped"] for got in ranks.values())
+
+
+@pytest.mark.slow
+def test_ddp_device_ids_name_the_rank_device_without_set_device(fake_gpus, tmp_path):
+    # the model on cuda:LOCAL_RANK through DDP's device_ids, set_device never called: right, so no duplicate
+    ranks = torchrun_deferred(fake_gpus, tmp_path, "ddp_local", nodes=1, nproc=2)
+    for got in ranks.values():
+        assert "gpuguard" not in got.get("module", ""), got  # what stops it is torch's DDP (a CPU-only torch)
+        assert got["collective_unwrapped"], got  # the check ran at DDP construction, and passed
+
+
+@pytest.mark.slow
+def test_ddp_device_ids_of_zero_on_every_rank_share_cuda0(fake_gpus, tmp_path):
+    ranks = torchrun_deferred(fake_gpus, tmp_path, "ddp_zero", nodes=1, nproc=2)
+    for r, got in ranks.items():
+        assert got["type"] == "DuplicateDeviceError", got
+        assert got["notes"] == [f"gpuguard (auto, at DistributedDataParallel construction): rank {r} is on cuda:0 "
+                                f"because DistributedDataParallel(device_ids=[0])."]
+
+
+@pytest.mark.slow
+def test_ddp_device_ids_of_the_global_rank_stop_every_rank(fake_gpus, tmp_path):
+    ranks = torchrun_deferred(fake_gpus, tmp_path, "ddp_rank", nodes=2, nproc=2)
+    for r in (2, 3):
+        assert ranks[r]["type"] == "RankMappingError", ranks[r]
+        assert (f"DistributedDataParallel(device_ids=[{r}]) asks for cuda:{r}, but this process on "
+                in ranks[r]["message"])
+        assert f"{r} equals the global rank" in ranks[r]["message"]
+    for r in (0, 1):
+        assert ranks[r]["type"] == "RankMappingError", ranks[r]
+        assert "could not bind a GPU, so every rank of group 'default' stops here" in ranks[r]["message"]
+
+
+def test_a_collective_runs_on_its_tensor_device_not_the_current_one(fake_gpus):
+    got = run_json("""
+        import json, types, torch
+        from gpuguard.auto import group_check
+        on = lambda i: types.SimpleNamespace(device=torch.device("cuda", i))  # a CUDA tensor, as far as asked
+        chosen = group_check.chosen_by_tensor(on(2), "torch.distributed.all_reduce")
+        listed = group_check.chosen_by_tensor([on(1), on(3)], "torch.distributed.all_gather")
+        print(json.dumps({"tensor": [chosen.index, chosen.how, chosen.fallback],
+                          "list": listed.index,
+                          "cpu": group_check.chosen_by_tensor(torch.ones(1), "x"),
+                          "nothing": group_check.chosen_by_tensor(None, "x")}))
+    """, auto_env(fake_gpus.env("h100x4")))
+    assert got == {"tensor": [2, "torch.distributed.all_reduce was given a tensor on cuda:2", False], "list": 1,
+                   "cpu": None, "nothing": None}
 
 
 # ---- Ray actor restarts meet their peers again ------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 ``enable()`` wraps a few public torch entry points and ``disable()`` puts every one of them back:
 
-- ``torch.cuda.set_device(n)``, ``module.to("cuda:n")``: n checked against the GPUs this process sees, before
-  torch (device_index);
+- ``torch.cuda.set_device(n)``, ``module.to("cuda:n")``, ``module.cuda(n)``, DDP's ``device_ids=[n]``: n
+  checked against the GPUs this process sees, before torch (device_index). Not ``Tensor.to``/``.cuda``: torch
+  hands ``torch.Tensor.<name>`` to ``__torch_function__``, so a wrapper there breaks subclasses that check
+  which method they got (LazyModule's UninitializedParameter refuses every ``.to`` with it);
 - ``torch.distributed.init_process_group``: NCCL-backed groups get bind()'s cross-rank duplicate check, once,
   before their first communicator (group_check), triggered by ``device_id=``, ``set_device`` after init,
   DDP/FSDP construction or the first collective (those wrappers are removed once the check ran);
@@ -87,8 +89,7 @@ def _set_device(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``model.to("cuda:n")`` / ``model.to(torch.device("cuda", n))``: the same index check as set_device (not
-    Tensor.to, which runs on every step: its cost would not be zero)."""
+    """``model.to("cuda:n")`` / ``model.to(torch.device("cuda", n))``: the same index check as set_device."""
     @functools.wraps(original)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         device = args[0] if args else kwargs.get("device")
@@ -98,6 +99,18 @@ def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
                 device_index.check_index(index, f"{type(self).__name__}.to({device!r})")
         return original(self, *args, **kwargs)
     return to
+
+
+def _module_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``model.cuda(n)`` (which moves the parameters with Tensor.cuda, not Module.to): the same check."""
+    @functools.wraps(original)
+    def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device = args[0] if args else kwargs.get("device")
+        index = device_index.index_of(device) if device is not None else None
+        if index is not None and index >= 0:
+            device_index.check_index(index, f"{type(self).__name__}.cuda({device!r})")
+        return original(self, *args, **kwargs)
+    return cuda
 
 
 def _init_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,7 +145,11 @@ def _before_wrapping(what: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
-            _check_group(f"{what} construction")
+            chosen = group_check.chosen_by_wrapper(what, module, args, kwargs)
+            if group_check.pending() is not None:
+                _check_group(f"{what} construction", chosen)  # a bad index is published, every rank stops
+            elif chosen is not None:
+                device_index.check_index(chosen.index, chosen.how)
             if _flag("GPUGUARD_GUARD"):
                 from ..tensor_devices import guard
                 guard(module, deep=True)
@@ -145,7 +162,9 @@ def _collective(name: str) -> Callable[[Any], Any]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            _check_group(f"the first collective (torch.distributed.{name})")
+            call = f"torch.distributed.{name}"
+            _check_group(f"the first collective ({call})",
+                         group_check.chosen_by_tensor(args[0] if args else kwargs.get("tensor"), call))
             return original(*args, **kwargs)
         return collective
     return make
@@ -201,6 +220,7 @@ def enable(origin: str = "gpuguard.auto.enable()") -> None:
 
         _patches.replace(torch.cuda, "set_device", _set_device)
         _patches.replace(torch.nn.Module, "to", _module_to)
+        _patches.replace(torch.nn.Module, "cuda", _module_cuda)
         if dist.is_available():
             _patches.replace(dist, "init_process_group", _init_process_group)
         excepthooks.install(_patches)

@@ -1,5 +1,6 @@
-"""torch.cuda.set_device(n) with an n this process cannot see: a RankMappingError before CUDA's "invalid device
-ordinal", saying n, the GPUs the host shows, the global and local rank and the variables that gave them."""
+"""torch.cuda.set_device(n) (or Module.to, Module.cuda, DDP's device_ids naming cuda:n) with an n this process cannot see:
+a RankMappingError before CUDA's "invalid device ordinal", saying n, the GPUs the host shows, the global and
+local rank and the variables that gave them."""
 
 from __future__ import annotations
 

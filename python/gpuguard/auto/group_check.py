@@ -8,6 +8,12 @@
   construction, the first collective. Only then is the user's device known, and NCCL still has no
   communicator (it forms one lazily, at the first collective or at ``device_id=``).
 
+The rank's device is the one its trigger names (set_device's index; DDP's ``device_ids[0]``, FSDP's
+``device_id`` or else the device of the wrapped module's parameters; the collective's tensor's device), and
+only when none names one the current device (cuda:0 on every rank that never called set_device): a job that
+moves its model to ``cuda:LOCAL_RANK`` and gives DDP ``device_ids`` without ever calling set_device is right,
+and passes.
+
 The ranks meet through the store init creates (the default group's store), torchrun's agent store or, before
 torch's init, the TCPStore env:// would create (then handed to torch as ``store=``); inside Ray, through the
 group's rendezvous actor. The exchange, the verdict and the group rules are bind()'s
@@ -61,10 +67,12 @@ def nccl_backed(backend: Any) -> bool:
 
 @dataclass
 class Chosen:
-    """The CUDA device this process uses, and how it came to use it (said in the report)."""
+    """The CUDA device this process uses, and how it came to use it (said in the report). ``fallback``: nothing
+    named a device, so this is the current one (cuda:0 on every rank that never called set_device)."""
 
     index: int
     how: str
+    fallback: bool = False
 
 
 @dataclass
@@ -101,7 +109,52 @@ def current_choice() -> Chosen:
 
     index = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
     return Chosen(index, f"set_device was never called, so this rank uses the current device, cuda:{index}, "
-                         f"as every rank that never calls it does")
+                         f"as every rank that never calls it does", fallback=True)
+
+
+def cuda_index_of_tensor(value: Any) -> Optional[int]:
+    """The CUDA index of a tensor (or of the first of a list of tensors, as collectives take), else None."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    device = getattr(value, "device", None)
+    if getattr(device, "type", None) == "cuda" and isinstance(getattr(device, "index", None), int):
+        return int(device.index)
+    return None
+
+
+def chosen_by_tensor(value: Any, call: str) -> Optional[Chosen]:
+    """A collective's device: its tensor's, which is the device NCCL runs it on (not the current device)."""
+    index = cuda_index_of_tensor(value)
+    return None if index is None or _chosen is not None else Chosen(index, f"{call} was given a tensor on "
+                                                                            f"cuda:{index}")
+
+
+def chosen_by_wrapper(what: str, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[Chosen]:
+    """The device a DDP/FSDP wrapper puts the rank on: DDP's ``device_ids[0]``, FSDP's ``device_id`` (``how`` is
+    then the call, as a bad index's RankMappingError quotes it), else the device of the module's parameters.
+    None when they name no CUDA device (the current device then)."""
+    from .device_index import index_of
+
+    if what == "DistributedDataParallel":
+        ids = args[0] if args else kwargs.get("device_ids")
+        if isinstance(ids, (list, tuple)) and ids:
+            index = index_of(ids[0])
+            if index is not None and index >= 0:
+                return Chosen(index, f"DistributedDataParallel(device_ids={list(ids)!r})")
+    device_id = kwargs.get("device_id")
+    if what == "FullyShardedDataParallel" and device_id is not None:
+        index = index_of(device_id)
+        if index is not None and index >= 0:
+            return Chosen(index, f"FullyShardedDataParallel(device_id={device_id!r})")
+    if _chosen is not None:  # set_device named it: that is the device the wrapper and NCCL use
+        return None
+    try:
+        first = next(iter(module.parameters()), None)
+    except Exception:  # noqa: BLE001 - not an nn.Module, or one whose parameters() fails: torch will say so
+        return None
+    index = cuda_index_of_tensor(first)
+    return None if index is None else Chosen(index, f"the module given to {what} has its parameters on "
+                                                    f"cuda:{index}")
 
 
 def pending() -> Optional[GroupCheck]:
@@ -204,7 +257,7 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
         raise_for(verdict, me)
     except DuplicateDeviceError as exc:
         note = f"gpuguard (auto, at {trigger}): rank {me.rank} is on cuda:{chosen.index} because {chosen.how}."
-        if _chosen is None and check.context.launcher != "ray":
+        if chosen.fallback and check.context.launcher != "ray":
             note += (" Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, or "
                      "pass device_id= to it.")
         exc.add_note(note)
