@@ -16,14 +16,23 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include "gpuguard/tcp_store_client.h"
 
 namespace gpuguard {
 namespace {
 
-std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
+// The store client returns Result; the watchdog's loop handles a failing tick as an exception (run()), so each
+// store call goes through take(), which throws the client's error message (it names the store and the call).
+template <typename T>
+T take(Result<T> result) {
+  if (!result.ok()) throw std::runtime_error(result.error().message());
+  return std::move(result).value();
+}
+void take(const Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.error().message());
+}
 
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -50,21 +59,12 @@ char process_state(long pid) {
 
 }  // namespace
 
-struct WatchdogStore {
-  c10::intrusive_ptr<c10d::TCPStore> store;
-};
-
 Watchdog::Watchdog(WatchdogOptions options, StackDumper dump_stack)
     : options_(std::move(options)), dump_stack_(std::move(dump_stack)) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(options_.store_port);
-  opts.isServer = false;
-  opts.waitWorkers = false;
-  opts.timeout = std::chrono::milliseconds(30000);
   try {
-    store_ = std::make_unique<WatchdogStore>();
-    store_->store = c10::make_intrusive<c10d::TCPStore>(options_.store_host, opts);
-    store_->store->set(key("hello/" + std::to_string(options_.rank)), bytes(encode_state(snapshot(false))));
+    // A plain client of the job's store (never its owner): our own, so that the watchdog needs no LibTorch.
+    store_ = take(TcpStoreClient::connect(options_.store_host, options_.store_port, TcpStoreClient::kDefaultTimeout));
+    take(store_->set(key("hello/" + std::to_string(options_.rank)), encode_state(snapshot(false))));
     store_ops_ += 1;
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot reach the job's store at " + options_.store_host + ":" +
@@ -176,12 +176,12 @@ void Watchdog::run() {
 }
 
 void Watchdog::tick() {
-  auto& store = *store_->store;
+  auto& store = *store_;
   std::string alarm_key = key("alarm/" + std::to_string(epoch_));
   store_ops_ += 1;
   bool composer = false;
   std::string alarm;
-  if (!store.check({alarm_key})) {
+  if (!take(store.check({alarm_key}))) {
     std::string mine;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -195,12 +195,12 @@ void Watchdog::tick() {
     }
     if (mine.empty()) return;
     store_ops_ += 1;
-    auto got = text(store.compareSet(alarm_key, {}, bytes(mine)));
+    auto got = take(store.compare_set(alarm_key, "", mine));
     composer = got == mine;
     alarm = got;
   } else {
     store_ops_ += 1;
-    alarm = text(store.get(alarm_key));
+    alarm = take(store.get(alarm_key));
   }
   // An alarm is handled once, even when the store fails halfway: the next tick looks at the next epoch.
   std::uint64_t epoch = epoch_++;
@@ -208,7 +208,7 @@ void Watchdog::tick() {
 }
 
 void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::string& alarm) {
-  auto& store = *store_->store;
+  auto& store = *store_;
   std::string e = "epoch/" + std::to_string(epoch) + "/";
   RankState me = snapshot(true);
 
@@ -229,8 +229,8 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
   }
 
   store_ops_ += 2;
-  auto index = store.add(key(e + "n"), 1) - 1;
-  store.set(key(e + "state/" + std::to_string(index)), bytes(encode_state(me)));
+  auto index = take(store.add(key(e + "n"), 1)) - 1;
+  take(store.set(key(e + "state/" + std::to_string(index)), encode_state(me)));
 
   std::string message, json;
   if (composer) {
@@ -239,29 +239,29 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     std::int64_t arrived = 0;
     while (true) {
       store_ops_ += 1;
-      arrived = store.add(key(e + "n"), 0);
+      arrived = take(store.add(key(e + "n"), 0));
       if (arrived >= options_.world_size || Clock::now() >= gather_until || stopping_) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     std::vector<std::string> keys;
     for (std::int64_t i = 0; i < arrived; ++i) keys.push_back(key(e + "state/" + std::to_string(i)));
-    std::vector<std::vector<std::uint8_t>> values;
+    std::vector<std::string> values;
     try {  // a rank counted itself in and publishes its state the next moment
       store_ops_ += 2;
-      store.wait(keys, std::chrono::milliseconds(5000));
-      values = store.multiGet(keys);
+      take(store.wait(keys, std::chrono::milliseconds(5000)));
+      values = take(store.multi_get(keys));
     } catch (const std::exception&) {  // ... unless it died in between: read the states that are there
       values.clear();
       for (const auto& k : keys) {
         store_ops_ += 1;
-        if (!store.check({k})) continue;
+        if (!take(store.check({k}))) continue;
         store_ops_ += 1;
-        values.push_back(store.get(k));
+        values.push_back(take(store.get(k)));
       }
     }
     std::vector<std::optional<RankState>> states(subject.ranks.size()), hellos(subject.ranks.size());
     for (const auto& v : values) {
-      auto st = decode_state(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()));
+      auto st = decode_state(v);
       if (!st) continue;
       auto at = std::find(subject.ranks.begin(), subject.ranks.end(), st->rank);
       if (at != subject.ranks.end()) states[static_cast<std::size_t>(at - subject.ranks.begin())] = std::move(st);
@@ -270,10 +270,9 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
       if (states[i]) continue;
       std::string hello_key = key("hello/" + std::to_string(subject.ranks[i]));
       store_ops_ += 1;
-      if (!store.check({hello_key})) continue;
+      if (!take(store.check({hello_key}))) continue;
       store_ops_ += 1;
-      auto v = store.get(hello_key);
-      hellos[i] = decode_state(std::string_view(reinterpret_cast<const char*>(v.data()), v.size()));
+      hellos[i] = decode_state(take(store.get(hello_key)));
     }
     std::string my_host = options_.host;
     double gather_s = options_.gather_s;
@@ -299,15 +298,15 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     message = report.message;
     json = report.json;
     store_ops_ += 2;
-    store.set(key(e + "report/message"), bytes(message));
-    store.set(key(e + "report/json"), bytes(json));
+    take(store.set(key(e + "report/message"), message));
+    take(store.set(key(e + "report/json"), json));
   } else {
     auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(options_.gather_s + 30));
     std::string report_key = key(e + "report/json");
     while (true) {
       store_ops_ += 1;
-      if (store.check({report_key})) break;
+      if (take(store.check({report_key}))) break;
       if (Clock::now() >= give_up || stopping_) {
         write_all(2, "gpuguard.watch: rank " + std::to_string(options_.rank) + ": a stall was raised (" + alarm +
                          ") but no report came; the rank composing it may be gone.\n");
@@ -316,8 +315,8 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
     store_ops_ += 2;
-    json = text(store.get(report_key));
-    message = text(store.get(key(e + "report/message")));
+    json = take(store.get(report_key));
+    message = take(store.get(key(e + "report/message")));
   }
   deliver(message, json);
 }

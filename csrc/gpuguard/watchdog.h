@@ -17,7 +17,7 @@
 
 namespace gpuguard {
 
-struct WatchdogStore;  // the c10d::TCPStore client (watchdog.cc), so that this header needs no torch
+class TcpStoreClient;  // our client of the job's c10d TCPStore (tcp_store_client.h): no torch anywhere
 
 struct WatchdogOptions {
   std::string store_host;       // the job's TCPStore (torchrun's agent store, env://'s store): a client of our own
@@ -84,7 +84,7 @@ class Watchdog {
 
   WatchdogOptions options_;
   StackDumper dump_stack_;
-  std::unique_ptr<WatchdogStore> store_;
+  std::unique_ptr<TcpStoreClient> store_;  // used by the watchdog's thread only (after the constructor)
   mutable std::mutex mutex_;
   std::vector<Group> groups_;
   std::uint64_t epoch_ = 0;
