@@ -29,7 +29,7 @@ fi
 
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --disable-pip-version-check \
-  "torch>=2.4" "ray[default]>=2.39" numpy "scikit-build-core>=0.10" "pytest>=8" pytest-timeout
-# --no-build-isolation: _C must be compiled against the torch installed above (its ABI and version).
+  "torch>=2.4" "ray[default]>=2.39" numpy "scikit-build-core>=0.10" "pybind11>=2.12" "pytest>=8" pytest-timeout
+# --no-build-isolation: gpuguard._libtorch must be compiled against the torch installed above (its ABI and version).
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir=build/wheel .
 echo "setup: gpuguard $("$PY" -c 'import gpuguard; print(gpuguard.__version__)') installed against torch $("$PY" -c 'import torch; print(torch.__version__)')"

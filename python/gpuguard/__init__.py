@@ -1,6 +1,6 @@
 """gpuguard: catch GPU-placement mistakes in multi-GPU PyTorch and Ray jobs before they cost a run.
 
-Importing gpuguard imports neither torch nor the compiled core until a name that needs them is used, and never
+Importing gpuguard imports neither torch nor a compiled module until a name that needs them is used, and never
 initialises CUDA: the driver reads CUDA_VISIBLE_DEVICES once, at its first
 initialisation, and a library that did so at import would freeze the wrong visibility.
 """
@@ -13,7 +13,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; at run time each loads on first use
-    from ._load_core import TORCH_VERSION_BUILT_FOR
+    from ._libtorch_loader import TORCH_VERSION_BUILT_FOR
     from .binding import Binding, bind, init_process_group
     from .devices import CudaStatus, Device, cuda_status, devices
     from .doctor import DoctorReport, Finding
@@ -38,11 +38,12 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
 
 from ._version import __version__
 
-# Public name -> (module, attribute). Loaded on first use (PEP 562), so that `gpuguard explain` and anything
-# else that needs neither torch nor the torch-linked core (gpuguard._C) starts without importing them: torch
-# alone costs seconds and most of a gigabyte. Every module that needs _C gets it through _load_core (below).
+# Public name -> (module, attribute). Loaded on first use (PEP 562), so that the command line and anything else
+# that needs no torch starts without importing it: torch alone costs seconds and most of a gigabyte. The compiled
+# modules are imported by the modules that use them: gpuguard._core (no torch) directly, gpuguard._libtorch (the
+# tensor checks) through _libtorch_loader, which imports torch first and checks the version it was built for.
 _LAZY: dict[str, tuple[str, str]] = {
-    "TORCH_VERSION_BUILT_FOR": ("._load_core", "TORCH_VERSION_BUILT_FOR"),
+    "TORCH_VERSION_BUILT_FOR": ("._libtorch_loader", "TORCH_VERSION_BUILT_FOR"),
     "Binding": (".binding", "Binding"),
     "bind": (".binding", "bind"),
     "init_process_group": (".binding", "init_process_group"),
@@ -77,8 +78,6 @@ _LAZY: dict[str, tuple[str, str]] = {
 
 
 def __getattr__(name: str) -> Any:
-    if name == "_C":  # `from . import _C` anywhere: torch first, then the core, with the version check
-        return importlib.import_module("._load_core", __name__).load()
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'gpuguard' has no attribute {name!r}")
@@ -105,8 +104,6 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
-if "torch" in sys.modules:  # torch is there anyway: load the core now, so that a build for another torch fails
-    importlib.import_module("._load_core", __name__).load()  # at import, as it always did
 
 
 __all__ = [

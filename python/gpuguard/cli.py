@@ -78,13 +78,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     the others exactly as the training script's bind() would, without loading a model."""
     import logging
 
-    from .binding import bind
+    from .binding.steps import preflight
     from .errors import GpuGuardError
 
     logging.getLogger("gpuguard").addHandler(logging.NullHandler())
     try:
-        binding = bind(group=args.group, timeout=args.timeout, verify_nccl=args.verify_nccl,
-                       require_gpu=args.require_gpu)
+        binding = preflight(group=args.group, timeout=args.timeout, verify_nccl=args.verify_nccl,
+                            require_gpu=args.require_gpu)
     except GpuGuardError as exc:
         if args.json:
             print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}))

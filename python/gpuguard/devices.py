@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from . import _C
-
-#: One visible CUDA device (``index`` is its ordinal in this process: what ``cuda:N`` means here); the C++
-#: record, with ``total_memory_gib`` and ``as_dict()``.
-Device = _C.Device
-#: What the driver said: loaded or not, its version, how many devices, and why there are none.
-CudaStatus = _C.CudaStatus
+# Device: one visible CUDA device (``index`` is its ordinal in this process: what ``cuda:N`` means here); the C++
+# record, with ``total_memory_gib`` and ``as_dict()``. CudaStatus: what the driver said: loaded or not, its
+# version, how many devices, and why there are none.
+from ._core import CudaStatus, Device, enumerate_devices
+from ._core import cuda_status as _cuda_status
 
 
 def cuda_status() -> CudaStatus:
     """Loads the driver and calls cuInit if that has not happened yet; never raises."""
-    return _C.cuda_status()
+    return _cuda_status()
 
 
 def devices() -> list[Device]:
@@ -23,5 +21,5 @@ def devices() -> list[Device]:
     life of the process, exactly as torch's first CUDA call would. ``cuda_status().reason`` says why the
     list is empty.
     """
-    found, _error = _C.enumerate_devices()
+    found, _error = enumerate_devices()
     return found

@@ -9,6 +9,7 @@ loader, as devices() does.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import socket
@@ -116,17 +117,17 @@ def _visibility_dict(v: Optional[VisibleDevices], problem: Optional[VisibilityPr
 # ---- collecting ------------------------------------------------------------------------------------------
 
 def _versions(report: DoctorReport) -> None:
+    from ._libtorch_loader import TORCH_VERSION_BUILT_FOR
     from ._version import __version__
-    from ._load_core import TORCH_VERSION_BUILT_FOR
+    from .installed_torch import installed_torch
 
     report.versions["gpuguard"] = __version__
     report.versions["gpuguard built for torch"] = TORCH_VERSION_BUILT_FOR
     report.versions["python"] = f"{platform.python_version()} ({platform.python_implementation()})"
-    import torch
-
-    report.versions["torch"] = torch.__version__
-    cuda_build = getattr(torch.version, "cuda", None)
-    report.versions["torch CUDA build"] = cuda_build or "none (CPU-only build of torch)"
+    torch = installed_torch()  # read from its files: doctor never imports torch
+    report.versions["torch"] = torch.version if torch else "not installed"
+    report.versions["torch CUDA build"] = ((torch.cuda or "none (CPU-only build of torch)") if torch else
+                                           "none (torch is not installed)")
     report.versions["NCCL"] = _nccl_version(report)
     try:
         report.versions["ray"] = importlib.metadata.version("ray")
@@ -135,23 +136,21 @@ def _versions(report: DoctorReport) -> None:
 
 
 def _nccl_version(report: DoctorReport) -> Optional[str]:
-    """NCCL through gpuguard's loader (the copy torch already loaded first); torch's own answer otherwise.
-    Neither initialises CUDA: both only ask the library for its version."""
-    from . import _C
+    """NCCL through gpuguard's loader (the copy torch already loaded first, else the library path); otherwise the
+    nvidia-nccl wheel torch's CUDA build loads, by its version. Neither initialises CUDA nor imports torch."""
+    from ._core import nccl_status
+    from .installed_torch import nccl_wheel
 
-    status = _C.nccl_status()
+    status = nccl_status()
     if status.loaded:
         where = "already loaded in this process" if status.already_in_process else "loaded by gpuguard"
         return f"{status.version_string} ({status.library}, {where})"
-    try:
-        import torch.cuda.nccl as torch_nccl
-
-        v = torch_nccl.version()
-    except Exception as exc:  # CPU-only torch, or an NCCL that cannot be loaded
-        report.not_checked("NCCL version", f"{status.reason}; torch.cuda.nccl.version() failed too: {exc}")
+    wheel = nccl_wheel()
+    if wheel is None:
+        report.not_checked("NCCL version", f"{status.reason}; no nvidia-nccl wheel is installed either")
         return None
-    text = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    return f"{text} (torch.cuda.nccl.version(); gpuguard could not load it: {status.reason})"
+    return (f"{wheel.version} (torch's {wheel.distribution} wheel, {wheel.library or 'its library file is missing'}; "
+            f"gpuguard could not load it from the library path: {status.reason})")
 
 
 def _launcher(report: DoctorReport) -> Any:
@@ -232,16 +231,42 @@ def _devices(report: DoctorReport) -> None:
         report.not_checked("devices", status.reason or "the driver reports none")
 
 
-def _torch_vs_driver(report: DoctorReport) -> None:
-    import torch
+def _tensor_checks(report: DoctorReport) -> None:
+    """Whether gpuguard._libtorch (the tensor checks) matches the installed torch, judged from the files alone."""
+    from ._libtorch_loader import REINSTALL, TORCH_VERSION_BUILT_FOR
+    from .installed_torch import installed_torch
 
-    cuda_build = getattr(torch.version, "cuda", None)
+    torch = installed_torch()
+    if torch is None:
+        report.not_checked("tensor checks", "torch is not installed")
+        return
+    if TORCH_VERSION_BUILT_FOR is None or importlib.util.find_spec(f"{__package__}._libtorch") is None:
+        report.find("warning", "tensor_checks_missing", "gpuguard was built without its tensor checks "
+                    "(gpuguard._libtorch): assert_same_device, same_device, guard and find_device_mismatch raise "
+                    "ImportError; everything else works.", "Rebuild gpuguard with torch installed: " + REINSTALL)
+        return
+    built, installed = TORCH_VERSION_BUILT_FOR.split("+")[0], torch.version.split("+")[0]
+    if built != installed:
+        report.find("warning", "torch_build_mismatch", f"gpuguard's tensor checks were built for PyTorch "
+                    f"{TORCH_VERSION_BUILT_FOR}, but PyTorch {torch.version} is installed: assert_same_device, "
+                    "same_device, guard and find_device_mismatch raise ImportError when called. bind(), the "
+                    "zero-code checks, watch() and the command line work as they are.",
+                    "Rebuild gpuguard against this torch: " + REINSTALL)
+
+
+def _torch_vs_driver(report: DoctorReport) -> None:
+    from .installed_torch import installed_torch
+
+    torch = installed_torch()
+    if torch is None:
+        return
+    cuda_build = torch.cuda
     status = report.cuda
     if status is None or not status.library_loaded or not status.driver_version:
         return
     if not cuda_build:
         if report.devices:
-            report.find("warning", "torch_cpu_only", f"torch {torch.__version__} is a CPU-only build, but this "
+            report.find("warning", "torch_cpu_only", f"torch {torch.version} is a CPU-only build, but this "
                         f"machine has {len(report.devices)} GPU(s).", "Install a CUDA build of torch "
                         "(https://pytorch.org/get-started/locally/).")
         return
@@ -254,7 +279,7 @@ def _torch_vs_driver(report: DoctorReport) -> None:
     if (major, minor) <= (d_major, d_minor):
         return
     if major > d_major:
-        report.find("error", "driver_too_old", f"torch {torch.__version__} is built for CUDA {cuda_build}, but the "
+        report.find("error", "driver_too_old", f"torch {torch.version} is built for CUDA {cuda_build}, but the "
                     f"driver supports CUDA {d_major}.{d_minor} at most: CUDA cannot start in torch.",
                     f"Upgrade the NVIDIA driver to one supporting CUDA {major}.x, or install a torch built for "
                     f"CUDA {d_major}.x.")
@@ -270,7 +295,7 @@ def _peer_access(report: DoctorReport) -> None:
         if report.cuda is not None and report.cuda.library_loaded:
             report.not_checked("peer access", f"{n} GPU visible: peer access needs two")
         return
-    from . import _C
+    from ._core import can_access_peer
 
     matrix: list[list[Optional[bool]]] = [[None] * n for _ in range(n)]
     for i in range(n):
@@ -278,7 +303,7 @@ def _peer_access(report: DoctorReport) -> None:
             if i == j:
                 continue
             try:
-                matrix[i][j] = bool(_C.can_access_peer(i, j))
+                matrix[i][j] = bool(can_access_peer(i, j))
             except RuntimeError as exc:
                 report.not_checked("peer access", str(exc))
                 report.peer_access = None
@@ -352,6 +377,7 @@ def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) 
     _visibility(report)
     _binding(report, context)
     _torch_vs_driver(report)
+    _tensor_checks(report)
     _settings_findings(report)
     _peer_access(report)
     if p2p:
@@ -367,7 +393,7 @@ P2P_DISABLE_COST = ("NCCL then moves data between this node's GPUs through host 
 
 
 def _nccl(report: DoctorReport, timeout: float) -> None:
-    from . import _C
+    from ._core import nccl_status
     from .explain import explain
     from .probes.run import nccl_all_reduce
 
@@ -375,7 +401,7 @@ def _nccl(report: DoctorReport, timeout: float) -> None:
     if n < 2:
         report.not_checked("NCCL all-reduce (--nccl)", f"{n} GPU visible: an all-reduce across GPUs needs two")
         return
-    status = _C.nccl_status()
+    status = nccl_status()
     if not status.loaded:
         report.not_checked("NCCL all-reduce (--nccl)", f"NCCL could not be loaded: {status.reason}")
         return

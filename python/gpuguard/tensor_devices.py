@@ -1,6 +1,6 @@
 """Tensor-device consistency: assert_same_device, the @same_device decorator and guard(module).
 
-The checks run in the C++ core (gpuguard._C): it reads the module's parameter, buffer and submodule dicts and
+The checks run in C++ (gpuguard._libtorch, loaded on first use by _libtorch_loader): it reads the module's parameter, buffer and submodule dicts and
 each tensor's device on every call, so the answer always describes the model as it is now. Names are only
 gathered once a check has failed, for the report carried by DeviceMismatchError.
 """
@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 import torch
 from torch import nn
 
-from . import _C
+from ._libtorch_loader import libtorch
 from .errors import DeviceMismatchError
 
 __all__ = ["GuardHandle", "assert_same_device", "find_device_mismatch", "guard", "same_device"]
@@ -49,12 +49,13 @@ def assert_same_device(model_or_tensor: Any, *tensors: Any,
     message groups the tensors by device and ends with the fix, and whose ``groups`` hold the same as data.
     With ``GPUGUARD_DISABLE=1`` nothing is checked and ``None`` is returned.
     """
-    if _C.checks_disabled():
+    checks = libtorch()
+    if checks.checks_disabled():
         return None
     device = _as_device(expected)
     if isinstance(model_or_tensor, nn.Module):
-        return _C.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
-    return _C.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
+        return checks.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
+    return checks.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
 
 
 def find_device_mismatch(model_or_tensor: Any, *tensors: Any,
@@ -66,12 +67,13 @@ def find_device_mismatch(model_or_tensor: Any, *tensors: Any,
     same device" error after it happened. Runs even with ``GPUGUARD_DISABLE=1`` (it is asked for explicitly).
     Bad arguments still raise (TypeError, ValueError).
     """
+    checks = libtorch()
     device = _as_device(expected)
     try:
         if isinstance(model_or_tensor, nn.Module):
-            _C.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
+            checks.check_call(model_or_tensor, tensors, None, device, _tensors_labels)
         else:
-            _C.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
+            checks.check_call(None, (model_or_tensor, *tensors), None, device, _call_labels)
     except DeviceMismatchError as mismatch:
         mismatch.__traceback__ = None  # returned, not raised: no frames kept alive through it
         return mismatch
@@ -102,11 +104,12 @@ def same_device(fn: F) -> F:
 
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> Any:
-        if not _C.checks_disabled():
+        checks = libtorch()
+        if not checks.checks_disabled():
             if args and isinstance(args[0], nn.Module):
-                _C.check_call(args[0], args[1:], kwargs, None, lambda n: labels(n, True))
+                checks.check_call(args[0], args[1:], kwargs, None, lambda n: labels(n, True))
             else:
-                _C.check_call(None, args, kwargs, None, lambda n: labels(n, False))
+                checks.check_call(None, args, kwargs, None, lambda n: labels(n, False))
         return fn(*args, **kwargs)
 
     return checked  # type: ignore[return-value]
@@ -196,7 +199,7 @@ class _DeepGuard:
     """
 
     def __init__(self, root: nn.Module) -> None:
-        self._state = _C.DeepGuard(root)
+        self._state = libtorch().DeepGuard(root)
         self._root_check: Optional[Callable[..., None]] = None
         self._layers: dict[str, tuple[Any, Any]] = {}  # name -> (weak reference to the module, hook handle)
 
@@ -247,9 +250,10 @@ def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"gpuguard.guard expects an nn.Module, not {type(module).__name__}")
+    checks = libtorch()
     handle = GuardHandle(module, deep)
     if not deep:
-        handle._handles.append(module.register_forward_pre_hook(_C.forward_hook(), with_kwargs=True))
+        handle._handles.append(module.register_forward_pre_hook(checks.forward_hook(), with_kwargs=True))
         return handle
     deep_guard = _DeepGuard(module)
     deep_guard._state.enter(module, (), None)  # the tree as it is now; no call in progress

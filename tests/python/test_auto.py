@@ -248,7 +248,7 @@ ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False,
 class Worker:
     def init(self, port):
         import sys
-        before = {m: m in sys.modules for m in ("_gpuguard_autostart", "gpuguard.ray", "torch", "gpuguard._C")}
+        before = {m: m in sys.modules for m in ("_gpuguard_autostart", "gpuguard.ray", "torch", "gpuguard._core")}
         import torch, torch.distributed as dist   # the actor's own imports; nothing of gpuguard
         try:
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}",
@@ -277,7 +277,7 @@ def test_d_ray_actors_with_a_third_of_a_gpu_each_all_raise(fake_gpus):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in got["colocated"] + got["whole"]:  # the hook ran and loaded nothing but the standard library
         assert r["before"] == {"_gpuguard_autostart": True, "gpuguard.ray": True, "torch": False,
-                               "gpuguard._C": False}, r
+                               "gpuguard._core": False}, r
     for r in got["colocated"]:
         assert (r["module"], r["type"]) == ("gpuguard.errors", "DuplicateDeviceError"), r
         assert "3 ranks of group 'colocated' share 1 GPU" in r["message"]

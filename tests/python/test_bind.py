@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from conftest import no_driver_env, run_json
-from gpuguard import CudaStateError, LaunchEnvironmentError, RankMappingError, _C
+from gpuguard import CudaStateError, LaunchEnvironmentError, RankMappingError, _core
 from gpuguard.binding import Binding
 from gpuguard.binding.cuda_state import check_cuda_state, earlier_initialisation
 from gpuguard.binding.device_choice import check_visibility, resolve_device
@@ -148,9 +148,9 @@ def test_hiding_every_gpu_on_purpose_is_not_an_error():
 # ---- the CUDA-state check (pure parts) -------------------------------------------------------------------------
 
 def test_who_initialised_cuda_first():
-    fresh = _C.DriverInitRecord(attempted=False, initialized_before_gpuguard=False)
-    ours = _C.DriverInitRecord(attempted=True, visible_devices_at_init="0,1", initialized_before_gpuguard=False)
-    other = _C.DriverInitRecord(attempted=True, visible_devices_at_init="2", initialized_before_gpuguard=True)
+    fresh = _core.DriverInitRecord(attempted=False, initialized_before_gpuguard=False)
+    ours = _core.DriverInitRecord(attempted=True, visible_devices_at_init="0,1", initialized_before_gpuguard=False)
+    other = _core.DriverInitRecord(attempted=True, visible_devices_at_init="2", initialized_before_gpuguard=True)
     assert earlier_initialisation(fresh, ours, "0,1", torch_initialized=False) is None
     assert earlier_initialisation(ours, ours, "0,1", torch_initialized=False) is None
     assert earlier_initialisation(ours, ours, "2,3", False) == (
@@ -178,9 +178,8 @@ def test_cuda_state_error_compares_this_process_with_a_fresh_one():
 # ---- Binding ---------------------------------------------------------------------------------------------------
 
 def make_binding(**over) -> Binding:
-    import torch
     base = dict(launcher="slurm", rank=7, local_rank=2, world_size=10, local_world_size=5, node_rank=1,
-                device=torch.device("cuda", 2), device_index=2, uuid="GPU-5a6b9e22-0002-4002-8002-1f2e3d4c5b62",
+                device_index=2, uuid="GPU-5a6b9e22-0002-4002-8002-1f2e3d4c5b62",
                 pci_bus_id="0000:3a:00.0", device_name="NVIDIA H100 80GB HBM3", host="gpu-n1",
                 cuda_visible_devices=None, visible_device_count=5, local_rank_source="SLURM_LOCALID",
                 group="default", chosen_by="local rank 2 (SLURM_LOCALID)", extra={})
@@ -197,6 +196,8 @@ def test_binding_is_frozen_and_its_str_is_one_log_line():
     assert str(b) == ("gpuguard: rank 7/10 local 2/5 node 1 -> cuda:2 (GPU-5a6b9e22-0002-4002-8002-1f2e3d4c5b62, "
                       "0000:3a:00.0) on gpu-n1 [slurm, local rank from SLURM_LOCALID, CUDA_VISIBLE_DEVICES=unset]")
     assert json.loads(json.dumps(b.as_dict()))["device"] == "cuda:2"
+    import torch
+    assert b.device == torch.device("cuda", 2) and make_binding(device_index=None).device == torch.device("cpu")
 
 
 # ---- bind() end to end, fake driver ----------------------------------------------------------------------------

@@ -53,3 +53,20 @@ def test_check_fails_on_every_rank_with_the_same_report_when_two_ranks_share_a_g
     assert ranks[0]["message"] == ranks[1]["message"]
     assert "is shared by ranks 0 and 1" in ranks[0]["message"]
     assert "2 processes on a host with 1 GPU" in ranks[0]["message"]
+
+
+@pytest.mark.slow
+def test_check_never_imports_torch_in_the_ranks(fake_gpus, tmp_path):
+    # each rank's own stderr (torchrun --redirects) holds its -X importtime lines; the agent's are apart
+    env = scrubbed(fake_gpus.env("h100x4"))
+    env["PYTHONPROFILEIMPORTTIME"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "--log-dir", str(tmp_path), "--redirects=3", "-m", "gpuguard", "check", "--json",
+                           "--timeout", "60"], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = sorted(tmp_path.rglob("stderr.log"))
+    assert len(logs) == 2, logs
+    for log in logs:
+        modules = [line.rsplit("|", 1)[-1].strip() for line in log.read_text().splitlines() if "|" in line]
+        assert "gpuguard.cli" in modules and "gpuguard._core" in modules, modules[-20:]
+        assert not [m for m in modules if m == "torch" or m.startswith("torch.")], log

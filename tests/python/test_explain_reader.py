@@ -1,4 +1,4 @@
-"""explain's reader (gpuguard._scan) and start-up: the C++ line scan agrees with a plain Python reading of the same
+"""explain's reader (gpuguard._core.Scanner) and start-up: the C++ line scan agrees with a plain Python reading of the same
 bytes however they are chunked; logs of pathological shapes are read in linear time; `gpuguard explain` starts
 without importing torch or the torch-linked core."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 
-from gpuguard import _scan
+from gpuguard import _core
 from gpuguard.explain import explain
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
@@ -43,7 +43,7 @@ def reference(data: bytes, keywords, max_line: int, context: int, context_bytes:
 
 
 def scan(data: bytes, keywords, max_line: int, context: int, context_bytes: int, cuts):
-    scanner = _scan.Scanner(keywords, max_line, context, context_bytes)
+    scanner = _core.Scanner(keywords, max_line, context, context_bytes)
     out, pos = [], 0
     for cut in cuts:
         out += scanner.feed(data[pos:pos + cut])
@@ -68,7 +68,7 @@ def test_the_scan_hands_out_exactly_what_a_line_by_line_reading_would_however_th
 
 
 def test_a_keyword_past_the_line_cut_does_not_count_and_the_rest_of_the_line_is_never_kept():
-    scanner = _scan.Scanner([b"invalid device ordinal"], 32, 4, 8)
+    scanner = _core.Scanner([b"invalid device ordinal"], 32, 4, 8)
     assert scanner.feed(b"x" * 20 + b"invalid device ordinal\nok\n") == []
     out = scanner.feed(b"invalid device ordinal" + b"y" * 10_000_000 + b"\n")
     assert out == [(1, False, b"xxxxxxxx", 0), (2, False, b"ok", 0), (3, True, b"invalid device ordinalyyyyyyyyyy", 1)]
@@ -77,13 +77,13 @@ def test_a_keyword_past_the_line_cut_does_not_count_and_the_rest_of_the_line_is_
 
 def test_the_scanner_refuses_what_would_make_it_slow_or_wrong():
     with pytest.raises(ValueError, match="shorter than 4 bytes"):
-        _scan.Scanner([b"ab"])
+        _core.Scanner([b"ab"])
     with pytest.raises(ValueError, match="line end"):
-        _scan.Scanner([b"two\nlines"])
+        _core.Scanner([b"two\nlines"])
     with pytest.raises(TypeError, match="bytes"):
-        _scan.Scanner(["text"])
+        _core.Scanner(["text"])
     with pytest.raises(ValueError, match="positive"):
-        _scan.Scanner([b"word"], 0)
+        _core.Scanner([b"word"], 0)
 
 
 # The inputs that took minutes before the reader moved to C++ and every pattern was bounded (issue 15): 30 lines
@@ -122,7 +122,7 @@ import io, sys
 from gpuguard.cli import main
 sys.stdin = io.TextIOWrapper(io.BytesIO(sys.argv[1].encode()))
 code = main(["explain"] + sys.argv[2:])
-heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.") or m == "gpuguard._C")
+heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.") or m == "gpuguard._libtorch")
 print("HEAVY", heavy, "CODE", code)
 """
 
@@ -150,11 +150,12 @@ def test_gpuguard_explain_on_empty_input_starts_small():
     assert int(proc.stdout.strip()) < 100 * 1024  # KiB; importing torch alone takes several hundred MB
 
 
-def test_the_package_still_gives_the_core_to_those_who_ask():
-    script = ("import sys, gpuguard; assert 'torch' not in sys.modules; from gpuguard import _C; "
+def test_the_core_loads_without_torch_and_the_tensor_checks_load_it():
+    script = ("import sys, gpuguard; assert 'torch' not in sys.modules; import gpuguard._core; "
               "import gpuguard.devices, gpuguard.explain; "
-              "print('torch' in sys.modules, callable(gpuguard.devices), callable(gpuguard.explain), "
+              "light = 'torch' in sys.modules; from gpuguard._libtorch_loader import libtorch; libtorch(); "
+              "print(light, 'torch' in sys.modules, callable(gpuguard.devices), callable(gpuguard.explain), "
               "gpuguard.TORCH_VERSION_BUILT_FOR is not None, sorted(set(gpuguard.__all__) - set(dir(gpuguard))))")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=ENV)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", "True", "True", "True", "[]"]
+    assert proc.stdout.split() == ["False", "True", "True", "True", "True", "[]"]

@@ -463,7 +463,7 @@ def test_guard_rejects_what_is_not_a_module():
 
 
 def test_names_compress_into_subtrees_and_ranges():
-    from gpuguard._C import compress_names
+    from gpuguard._libtorch import compress_names
 
     names = [f"layers.{i}.{p}" for i in range(16) for p in ("weight", "bias")]
     assert compress_names(names, names + ["head.weight"]) == ["layers.*"]

@@ -34,13 +34,13 @@ def mark(name: str) -> None:
 
 
 def nccl_all_reduce() -> None:
-    from gpuguard import _C
+    from gpuguard import _core
     if rank == 0:
-        uid = _C.nccl_unique_id()
+        uid = _core.nccl_unique_id()
         dist.distributed_c10d._get_default_store().set("test/nccl_id", uid)
     uid = dist.distributed_c10d._get_default_store().get("test/nccl_id")
     with w.collective("all_reduce", sizes="float32[4]"):
-        _C.nccl_probe(4, rank, uid, rank, hold, True)  # the fake NCCL hangs the all-reduce until the deadline
+        _core.nccl_probe(4, rank, uid, rank, hold, True)  # the fake NCCL hangs the all-reduce until the deadline
 
 
 if scenario == "healthy":

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .. import _C
+from .._core import host_fingerprint
 from ..deadline import Deadline
 from ..devices import devices
 from ..errors import DuplicateDeviceError, GpuGuardError
@@ -227,7 +227,7 @@ def _identity(check: GroupCheck, chosen: Chosen, failure: Optional[GpuGuardError
         rank=context.rank, world_size=context.world_size, group=check.group,
         local_rank=context.local_rank if context.local_rank is not None else -1,
         local_world_size=context.local_world_size if context.local_world_size is not None else -1,
-        host_hash=_C.host_fingerprint().hash, hostname=socket.gethostname(),
+        host_hash=host_fingerprint().hash, hostname=socket.gethostname(),
         gpu_uuid=device.uuid if device else "", pci_bus_id=device.pci_bus_id if device else "",
         gpu_index=device.index if device else -1, pid=os.getpid(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), visible_device_count=len(found),

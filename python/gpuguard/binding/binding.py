@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,6 @@ class Binding:
     world_size: int
     local_world_size: Optional[int]
     node_rank: Optional[int]
-    device: torch.device
     device_index: Optional[int]          # None on the CPU
     uuid: Optional[str]
     pci_bus_id: Optional[str]
@@ -36,15 +36,28 @@ class Binding:
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
 
     @property
+    def device(self) -> torch.device:
+        """``torch.device("cuda", device_index)``, or the CPU's. Imports torch; nothing else in Binding does, so that
+        ``gpuguard check`` binds without it."""
+        import torch
+
+        return torch.device("cpu") if self.device_index is None else torch.device("cuda", self.device_index)
+
+    @property
+    def device_text(self) -> str:
+        """What ``str(self.device)`` says, without torch: "cuda:N" or "cpu"."""
+        return "cpu" if self.device_index is None else f"cuda:{self.device_index}"
+
+    @property
     def is_gpu(self) -> bool:
-        return self.device.type == "cuda"
+        return self.device_index is not None
 
     def __str__(self) -> str:
         lws = "?" if self.local_world_size is None else str(self.local_world_size)
         node = "" if self.node_rank is None else f" node {self.node_rank}"
         group = "" if self.group == "default" else f" group {self.group}"
         if self.is_gpu:
-            where = f"{self.device} ({self.uuid}, {self.pci_bus_id})"
+            where = f"{self.device_text} ({self.uuid}, {self.pci_bus_id})"
         else:
             where = f"cpu ({self.chosen_by})"
         visible = ("unset" if self.cuda_visible_devices is None else repr(self.cuda_visible_devices))
@@ -58,7 +71,7 @@ class Binding:
         return {
             "launcher": self.launcher, "rank": self.rank, "local_rank": self.local_rank,
             "world_size": self.world_size, "local_world_size": self.local_world_size,
-            "node_rank": self.node_rank, "device": str(self.device), "device_index": self.device_index,
+            "node_rank": self.node_rank, "device": self.device_text, "device_index": self.device_index,
             "uuid": self.uuid, "pci_bus_id": self.pci_bus_id, "device_name": self.device_name,
             "host": self.host, "cuda_visible_devices": self.cuda_visible_devices,
             "visible_device_count": self.visible_device_count, "local_rank_source": self.local_rank_source,

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
-from .. import _C
+from .._core import DriverInitRecord
 from ..errors import CudaStateError
 from ..probes.run import child_env
 
@@ -29,11 +29,11 @@ def _describe_visibility(value: Optional[str]) -> str:
     return f"CUDA_VISIBLE_DEVICES={value!r}" if value is not None else "CUDA_VISIBLE_DEVICES unset"
 
 
-def earlier_initialisation(record_before: _C.DriverInitRecord, record_after: _C.DriverInitRecord,
+def earlier_initialisation(record_before: DriverInitRecord, record_after: DriverInitRecord,
                            visible_now: Optional[str], torch_initialized: bool) -> Optional[str]:
     """Who initialised CUDA before bind() with a visibility that may differ from now; None when nobody did.
 
-    ``record_before``/``record_after``: ``_C.driver_init_record()`` before and after bind()'s enumeration.
+    ``record_before``/``record_after``: ``_core.driver_init_record()`` before and after bind()'s enumeration.
     """
     if record_after.initialized_before_gpuguard:
         return ("another library (torch, or code calling it) initialised CUDA in this process before "

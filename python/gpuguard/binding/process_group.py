@@ -6,8 +6,6 @@ import datetime
 import inspect
 from typing import Any, Optional
 
-import torch
-
 from ..deadline import Deadline
 from ..placement import env_store_for_init
 from .steps import bind_in, check_arguments, detect_or_hint
@@ -37,6 +35,7 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
     the backend is NCCL. ``bind_timeout`` bounds the whole of bind(), the store creation included. Other
     keyword arguments go to torch unchanged. Returns the Binding.
     """
+    import torch
     import torch.distributed as dist
 
     check_arguments(group, bind_timeout)

@@ -19,13 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import time
 import warnings
 from typing import Any, Optional
 
-import torch
-
-from .. import _C
+from .._core import driver_init_record, host_fingerprint
 from ..deadline import Deadline
 from ..devices import cuda_status, devices
 from ..errors import GpuGuardError, GpuGuardWarning, LaunchEnvironmentError, RankMappingError
@@ -59,9 +58,9 @@ def _resolve(context: LaunchContext, group: str, host: str, require_gpu: bool, d
     """This rank's Binding, or a GpuGuardError saying why there is none."""
     visible_now = os.environ.get("CUDA_VISIBLE_DEVICES")
     visibility = parse_visible_devices(visible_now)
-    before = _C.driver_init_record()
+    before = driver_init_record()
     found = devices()  # initialises the driver here, if nobody did: the launcher has set visibility by now
-    after = _C.driver_init_record()
+    after = driver_init_record()
     check_spawned_child(context, len(found))  # a multiprocessing child is not "rank 0 of 1" on a multi-GPU host
     status = cuda_status()
     who = earlier_initialisation(before, after, visible_now, _torch_cuda_initialized())
@@ -79,14 +78,14 @@ def _resolve(context: LaunchContext, group: str, host: str, require_gpu: bool, d
                 f"{reason}. Check `gpuguard devices` on this host, the job's GPU request (srun --gpus-per-task, "
                 f"num_gpus in Ray), and CUDA_VISIBLE_DEVICES.",
                 rank=context.rank, host=host, reason=reason, cuda_visible_devices=visible_now)
-        device, chosen_by = torch.device("cpu"), f"no GPU: {reason}"
+        chosen_by = f"no GPU: {reason}"
     else:
-        device, chosen_by = torch.device("cuda", resolution.device.index), resolution.chosen_by
+        chosen_by = resolution.chosen_by
     d = resolution.device
     return Binding(
         launcher=context.launcher, rank=context.rank, local_rank=resolution.local_rank,
         world_size=context.world_size, local_world_size=context.local_world_size, node_rank=context.node_rank,
-        device=device, device_index=d.index if d else None, uuid=d.uuid if d else None,
+        device_index=d.index if d else None, uuid=d.uuid if d else None,
         pci_bus_id=d.pci_bus_id if d else None, device_name=d.name if d else None, host=host,
         cuda_visible_devices=visible_now, visible_device_count=len(found),
         local_rank_source=resolution.local_rank_source, group=group, chosen_by=chosen_by,
@@ -94,6 +93,9 @@ def _resolve(context: LaunchContext, group: str, host: str, require_gpu: bool, d
 
 
 def _torch_cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")  # a torch nobody imported initialised nothing
+    if torch is None:
+        return False
     try:
         return bool(torch.cuda.is_initialized())
     except Exception:  # pragma: no cover - a torch without CUDA support
@@ -125,7 +127,7 @@ def _identity(context: LaunchContext, group: str, host: str, binding: Optional[B
     return RankIdentity(
         rank=context.rank, world_size=context.world_size, group=group, local_rank=local_rank,
         local_world_size=context.local_world_size if context.local_world_size is not None else -1,
-        host_hash=_C.host_fingerprint().hash, hostname=host,
+        host_hash=host_fingerprint().hash, hostname=host,
         gpu_uuid=(binding.uuid or "") if on_gpu else "",
         pci_bus_id=(binding.pci_bus_id or "") if on_gpu else "",
         gpu_index=binding.device_index if on_gpu and binding.device_index is not None else -1,
@@ -176,7 +178,7 @@ def _publish_ray_row(binding: Binding, found: Any) -> None:
     extra = binding.extra
     row = {"group": binding.group, "rank": binding.rank, "world_size": binding.world_size,
            "hostname": binding.host, "pid": os.getpid(), "cuda_visible_devices": binding.cuda_visible_devices,
-           "device": str(binding.device), "uuid": binding.uuid, "pci_bus_id": binding.pci_bus_id,
+           "device": binding.device_text, "uuid": binding.uuid, "pci_bus_id": binding.pci_bus_id,
            "device_name": binding.device_name, "ray_gpu_ids": list(extra.get("ray_gpu_ids") or []),
            "gpu_fraction": extra.get("ray_gpu_share")}
     try:
@@ -195,6 +197,8 @@ def _apply(binding: Binding) -> None:
         warnings.warn(f"gpuguard.bind(): rank {binding.rank} runs on the CPU: {binding.chosen_by}. Pass "
                       f"require_gpu=True to make this an error.", GpuGuardWarning, stacklevel=4)
         return
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.set_device(binding.device)
     else:
@@ -221,10 +225,12 @@ def detect_or_hint() -> tuple[LaunchContext, Optional[LaunchEnvironmentError]]:
 
 
 def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadline, verify_nccl: bool,
-            require_gpu: bool, failure: Optional[GpuGuardError] = None, store_owner: bool = False) -> Binding:
+            require_gpu: bool, failure: Optional[GpuGuardError] = None, store_owner: bool = False,
+            set_device: bool = True) -> Binding:
     """bind()'s steps 2-7 for an already detected launch context (init_process_group detects only once).
     ``failure``: detect()'s error, reported to the other ranks and raised. ``store_owner``: this process
-    serves the store, and stays until every rank read a failing verdict (or the deadline)."""
+    serves the store, and stays until every rank read a failing verdict (or the deadline). ``set_device``:
+    False skips step 7, the only one that imports torch."""
     group = _group_name(group, context)
     host = socket.gethostname()
     binding: Optional[Binding] = None
@@ -250,7 +256,8 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
                             *failure.args[1:])
         raise failure
     assert binding is not None
-    _apply(binding)
+    if set_device:
+        _apply(binding)
     logger.info("%s (%s)", binding, binding.chosen_by)
     return binding
 
@@ -279,14 +286,29 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     """
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
-    explicit = (rank, world_size, local_rank) != (None, None, None)
-    if explicit:
-        context, failure = explicit_context(rank, world_size, local_rank), None
-    else:
-        context, failure = detect_or_hint()
+    context, failure = _context(rank, world_size, local_rank)
     binding = bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
                       require_gpu=require_gpu, failure=failure)
     if watch:
         from ..watchdog import watch as start_watch
         start_watch()  # starts with the first collective if the process group does not exist yet
     return binding
+
+
+def preflight(*, group: str = "default", timeout: float = 60, verify_nccl: bool = False,
+              require_gpu: bool = False) -> Binding:
+    """``gpuguard check``: every rank binds and meets the others exactly as the job's bind() would, without the
+    last step (``torch.cuda.set_device``), so that the check never imports torch."""
+    check_arguments(group, timeout)
+    deadline = Deadline(timeout)
+    context, failure = _context(None, None, None)
+    return bind_in(context, group=group, store=None, deadline=deadline, verify_nccl=verify_nccl,
+                   require_gpu=require_gpu, failure=failure, set_device=False)
+
+
+def _context(rank: Optional[int], world_size: Optional[int],
+             local_rank: Optional[int]) -> tuple[LaunchContext, Optional[LaunchEnvironmentError]]:
+    """Step 1: bind(rank=, world_size=, local_rank=)'s context, or the launcher's (detect_or_hint)."""
+    if (rank, world_size, local_rank) != (None, None, None):
+        return explicit_context(rank, world_size, local_rank), None
+    return detect_or_hint()

@@ -3,7 +3,7 @@
 Each failure it knows is one recogniser (``recognisers/``, listed in ``registry.py``): the patterns it matches,
 each written from the text the real library prints and citing its source, the keywords that let a line reach
 it, the diagnosis it builds and its line in the help. The input is untrusted and may be huge: the C++ reader
-(gpuguard._scan, no torch) splits it into lines cut at MAX_LINE_CHARS bytes and hands Python only the lines holding
+(gpuguard._core.Scanner, no torch) splits it into lines cut at MAX_LINE_CHARS bytes and hands Python only the lines holding
 a known keyword (with the line after and the lines before each), every pattern is bounded, and everything kept
 per diagnosis (ranks, devices, evidence lines) is capped, so memory stays bounded whatever the size or content
 of the log. Text that matches nothing known yields no diagnosis: gpuguard says it does not recognise it, never

@@ -7,7 +7,7 @@ import os
 from collections import deque
 from typing import IO, Any, Iterable, Optional, Sequence, Union
 
-from .. import _scan
+from .._core import Scanner
 from .lines import MAX_LINE_CHARS, Origin, strip_prefixes
 from .model import Diagnosis, Group, ranks_text
 from .recogniser import Host, Line, Recogniser
@@ -30,7 +30,7 @@ _KEYWORD_MASKS = {r: sum(1 << i for i, k in enumerate(KEYWORDS) if k in r.keywor
 class LogExplainer:
     """Streaming explainer: feed() text or bytes in order, then diagnoses(). Memory does not grow with the input.
 
-    The C++ reader (gpuguard._scan) splits the stream into lines, cuts each at MAX_LINE_CHARS bytes and hands
+    The C++ reader (gpuguard._core.Scanner) splits the stream into lines, cuts each at MAX_LINE_CHARS bytes and hands
     over only the lines holding a recogniser's keyword, with the line after each and the lines before each
     (context); everything else is counted and dropped without reaching Python.
     """
@@ -38,7 +38,7 @@ class LogExplainer:
     def __init__(self, *, match_local: bool = True, local_devices: Optional[Sequence[Any]] = None,
                  local_host: Optional[str] = None, log_is_local: bool = False) -> None:
         self._host = Host(match_local, local_devices, local_host, log_is_local)
-        self._scanner = _scan.Scanner(_KEYWORD_BYTES, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS)
+        self._scanner = Scanner(_KEYWORD_BYTES, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS)
         self._context: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
         self._groups: dict[str, Group] = {}
         self._pending: Optional[tuple[int, str, int]] = None  # a hit waiting for the line after it

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator, Optional, Union
 
 # Lines longer than this (in bytes, as read) are cut; the rest of such a line is skipped without being held in
-# memory (by the C++ reader, gpuguard._scan, for streams; by iter_lines for text).
+# memory (by the C++ reader, gpuguard._core.Scanner, for streams; by iter_lines for text).
 MAX_LINE_CHARS = 16 * 1024
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

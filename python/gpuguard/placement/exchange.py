@@ -65,7 +65,7 @@ import os
 import threading
 from typing import Optional
 
-from .. import _C
+from .._core import analyze_placement
 from ..deadline import Deadline
 from .identity import RankIdentity
 from .stores import CheckedStore, Store
@@ -257,7 +257,7 @@ def _compose(store: CheckedStore, me: RankIdentity) -> Verdict:
             records.append(data)
             if peer.host_hash not in host_totals:
                 host_totals[peer.host_hash] = store.counter(f"host/{peer.host_hash:016x}/n")
-    report = _C.analyze_placement(records, device_totals, host_totals, shared_total - split_gpus, ranks_sharing)
+    report = analyze_placement(records, device_totals, host_totals, shared_total - split_gpus, ranks_sharing)
     if report.severity == "ok":
         return Verdict("ok")
     details = {"group": me.group, "causes": report.causes, "shared_devices_total": report.shared_devices_total,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import _C
+from .._core import IdentityRecord
 
 #: The C++ record itself: keyword constructor over every field, ``encode()`` (GpuGuardError naming the bad
 #: field), ``RankIdentity.decode(data)`` (ValueError saying what is malformed), ``==``, ``repr`` and pickling.
-RankIdentity = _C.IdentityRecord
+RankIdentity = IdentityRecord

@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Optional
 
-from .. import _C
+from .._core import nccl_probe, nccl_status, nccl_unique_id
 from ..deadline import Deadline
 from ..explain import kinds_in
 from .exchange import MAX_REPORTED_DEVICES, TIMEOUT_GRACE_S, publish, read_verdict
@@ -162,9 +162,9 @@ def _unique_id(ns: Optional[CheckedStore], me: RankIdentity, deadline: Deadline)
     """Rank 0 makes the unique id and publishes it; the others wait for it until the deadline."""
     if me.rank == 0:
         try:
-            unique_id = _C.nccl_unique_id()
+            unique_id = nccl_unique_id()
         except RuntimeError as exc:
-            status = _C.nccl_status()
+            status = nccl_status()
             message = f"rank 0 could not get an NCCL unique id: {exc}" + (
                 f" ({status.reason})" if status.reason else "")
             verdict = Verdict("error", message, {"rank": 0})
@@ -197,7 +197,7 @@ def _attempt(ns: Optional[CheckedStore], me: RankIdentity, deadline: Deadline, *
         return unique_id
     mine: Optional[dict[str, Any]]
     if me.gpu_uuid:
-        outcome = _C.nccl_probe(me.world_size, me.rank, unique_id, me.gpu_index, probe_timeout, all_reduce)
+        outcome = nccl_probe(me.world_size, me.rank, unique_id, me.gpu_index, probe_timeout, all_reduce)
         mine = None if outcome.ok else {
             "rank": me.rank, "host": me.hostname, "verdict": outcome.verdict, "stage": outcome.stage,
             "message": (outcome.error.message if outcome.error else "")[:2000],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import time
 from typing import Any, Optional, Protocol, runtime_checkable
 
@@ -141,20 +142,26 @@ def _agent_store(deadline: Deadline) -> Optional[Store]:
             "TORCHELASTIC_USE_AGENT_STORE=True but MASTER_ADDR/MASTER_PORT are not both set, so gpuguard cannot "
             "reach torchrun's store; launch with torchrun unchanged, or pass store=", variable="MASTER_PORT")
     port_number = _master_port(port)
-    import torch.distributed as dist
-
+    prefix = f"/gpuguard/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    timeout = max(deadline.remaining(), 0.001)
     try:
-        tcp = dist.TCPStore(host, port_number, is_master=False,
-                            timeout=datetime.timedelta(seconds=max(deadline.remaining(), 0.001)),
+        if "torch" not in sys.modules:  # `gpuguard check` under torchrun: the core's own client, no torch
+            from .._core import TcpStore
+
+            return TcpStore(host, port_number, timeout, prefix)  # type: ignore[no-any-return]
+        import torch.distributed as dist
+
+        tcp = dist.TCPStore(host, port_number, is_master=False, timeout=datetime.timedelta(seconds=timeout),
                             wait_for_workers=False)
     except Exception as exc:  # noqa: BLE001 - c10d raises several types; say which store and why
         raise GpuGuardError(f"could not connect to torchrun's agent store at {host}:{port_number}: {exc}",
                             host=host, port=port_number) from exc
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"/gpuguard/attempt_{attempt}", tcp)  # type: ignore[no-any-return]
+    return dist.PrefixStore(prefix, tcp)  # type: ignore[no-any-return]
 
 
 def _default_group_store() -> Optional[Store]:
+    if "torch" not in sys.modules:  # no process group without torch (and `gpuguard check` never imports it)
+        return None
     try:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch without distributed

@@ -18,9 +18,9 @@ def emit(**event: Any) -> None:
 
 
 def probe_p2p(nbytes: int) -> int:
-    from .. import _C
+    from .._core import enumerate_devices, peer_copy_probe
 
-    found, error = _C.enumerate_devices()
+    found, error = enumerate_devices()
     if error is not None:
         emit(event="error", message=error.message)
         return 3
@@ -31,7 +31,7 @@ def probe_p2p(nbytes: int) -> int:
             if src == dst:
                 continue
             emit(event="start", src=src, dst=dst)
-            result, error = _C.peer_copy_probe(src, dst, nbytes)
+            result, error = peer_copy_probe(src, dst, nbytes)
             row = result.as_dict() if result is not None else {"src": src, "dst": dst, "bytes": nbytes}
             emit(event="result", **row, error=error.as_dict() if error is not None else None)
     return 0
@@ -40,11 +40,11 @@ def probe_p2p(nbytes: int) -> int:
 def probe_nccl(rank: int, nranks: int, device: int, timeout: float) -> int:
     """One rank of an all-reduce across the local GPUs. Rank 0 makes the unique id and prints it; the parent
     hands it to the other ranks on their standard input."""
-    from .. import _C
+    from .._core import nccl_probe, nccl_unique_id
 
     if rank == 0:
         try:
-            unique_id = _C.nccl_unique_id()
+            unique_id = nccl_unique_id()
         except RuntimeError as exc:
             emit(event="error", stage="ncclGetUniqueId", message=str(exc))
             return 3
@@ -57,7 +57,7 @@ def probe_nccl(rank: int, nranks: int, device: int, timeout: float) -> int:
             emit(event="error", stage="unique id", message=f"the parent sent no unique id ({line[:40]!r})")
             return 3
     emit(event="start", rank=rank, device=device)
-    result = _C.nccl_probe(nranks, rank, unique_id, device, timeout, True)
+    result = nccl_probe(nranks, rank, unique_id, device, timeout, True)
     emit(event="result", rank=rank, device=device, **result.as_dict())
     return 0 if result.ok else 1
 

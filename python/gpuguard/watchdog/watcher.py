@@ -1,6 +1,6 @@
 """gpuguard.watch(): start the collective watchdog of this rank; the Watch handle that stops it.
 
-The work happens in C++ (``_C.Watchdog``, csrc/gpuguard/watchdog.*): a thread that needs no GIL, with a store
+The work happens in C++ (``_core.Watchdog``, csrc/gpuguard/watchdog.*): a thread that needs no GIL, with a store
 client of its own. This module wraps the collectives (``collectives.py``), finds the job's store, and starts the
 C++ side at once when the default process group exists, else at the first collective after it does.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from .. import _C
+from .._core import Watchdog
 from .collectives import Wrapped, describe_sizes, group_identity
 
 logger = logging.getLogger("gpuguard")
@@ -86,7 +86,7 @@ class Watch:
         self._tick = tick
         self._gather = gather
         self._generation = _generation
-        self._dog: Optional[_C.Watchdog] = None
+        self._dog: Optional[Watchdog] = None
         self._failed = False
         self._groups: dict[Any, int] = {}
         self._wrapped = Wrapped(self._enter, self._leave)
@@ -100,13 +100,13 @@ class Watch:
 
     # ---- the C++ side ------------------------------------------------------------------------------------
 
-    def _start(self) -> _C.Watchdog:
+    def _start(self) -> Watchdog:
         host, port = _store_address(self._store)
         rank, world_size = dist.get_rank(), dist.get_world_size()
         run = os.environ.get("TORCHELASTIC_RUN_ID", "job") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
         self.report_path = os.path.join(directory, f"gpuguard-stall-rank{rank}-pid{os.getpid()}.json")
-        self._dog = _C.Watchdog(
+        self._dog = Watchdog(
             store_host=host, store_port=port, prefix=f"gpuguard/watch/{run}/{self._generation}/", rank=rank,
             world_size=world_size, host=socket.gethostname(), pid=os.getpid(), gpu=_gpu_uuid(),
             stall_after_s=float(self.stall_after or 0), min_stall_s=MIN_STALL_S, tick_s=float(self._tick),
@@ -116,7 +116,7 @@ class Watch:
                     port, f"{self.stall_after:g} s" if self.stall_after else f"adaptive, at least {MIN_STALL_S:g} s")
         return self._dog
 
-    def _watchdog(self) -> Optional[_C.Watchdog]:
+    def _watchdog(self) -> Optional[Watchdog]:
         if self._dog is None and not self._failed:
             try:
                 self._start()
@@ -126,7 +126,7 @@ class Watch:
         return self._dog
 
     def _enter(self, op: str, group: Any, first: Any, site: str,
-               sizes: Optional[str] = None) -> Optional[tuple[_C.Watchdog, int]]:
+               sizes: Optional[str] = None) -> Optional[tuple[Watchdog, int]]:
         dog = self._dog or self._watchdog()
         if dog is None:
             return None
@@ -141,7 +141,7 @@ class Watch:
         return dog, index
 
     @staticmethod
-    def _leave(token: Optional[tuple[_C.Watchdog, int]]) -> None:
+    def _leave(token: Optional[tuple[Watchdog, int]]) -> None:
         if token is not None:
             token[0].exit(token[1])
 

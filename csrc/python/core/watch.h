@@ -1,4 +1,4 @@
-// gpuguard._C.Watchdog: the collective watchdog (gpuguard/watchdog.h) with a Python stack dumper that needs no GIL.
+// gpuguard._core.Watchdog: the collective watchdog (gpuguard/watchdog.h) with a Python stack dumper that needs no GIL.
 #pragma once
 
 #include <pybind11/pybind11.h>

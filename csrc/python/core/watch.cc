@@ -1,4 +1,4 @@
-// gpuguard._C.Watchdog: binds the collective watchdog and gives it a stack dumper that runs without the GIL.
+// gpuguard._core.Watchdog: binds the collective watchdog and gives it a stack dumper that runs without the GIL.
 #include "watch.h"
 
 #include <unistd.h>

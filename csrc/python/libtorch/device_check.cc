@@ -263,7 +263,8 @@ py::object make_hook(Guard* guard, PyMethodDef* def) {
     delete guard;
     throw py::error_already_set();
   }
-  static PyObject* module_name = PyUnicode_InternFromString("gpuguard._C");  // how tracebacks and Dynamo name it
+  // how tracebacks and Dynamo name it
+  static PyObject* module_name = PyUnicode_InternFromString("gpuguard._libtorch");
   PyObject* fn = PyCFunction_NewEx(def, capsule, module_name);  // holds the capsule, the capsule the guard
   Py_DECREF(capsule);
   if (!fn) throw py::error_already_set();

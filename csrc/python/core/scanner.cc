@@ -1,9 +1,9 @@
-// gpuguard._scan: the C++ log reader (gpuguard/log_scan.h) for Python, through the bare CPython API.
+// gpuguard._core.Scanner: the C++ log reader (gpuguard/log_scan.h) for Python, through the bare CPython API.
 //
-// It links neither torch nor pybind11 on purpose: `gpuguard explain` must start in a fraction of a second on a
-// login node, without the ~1 GB and ~2 s that importing torch (and the torch-linked gpuguard._C) costs.
+// Written against the CPython API rather than pybind11 because it is the hot path of `gpuguard explain`: feed()
+// takes any buffer without a copy, releases the GIL while scanning, and builds its result tuples directly.
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "scanner.h"
 
 #include <new>
 #include <stdexcept>
@@ -156,27 +156,17 @@ PyType_Slot scanner_slots[] = {
     {Py_tp_getset, scanner_getset},
     {0, nullptr}};
 
-PyType_Spec scanner_spec = {"gpuguard._scan.Scanner", sizeof(ScannerObject), 0, Py_TPFLAGS_DEFAULT, scanner_slots};
-
-PyModuleDef scan_module = {PyModuleDef_HEAD_INIT, "_scan",
-                           "The C++ log reader under gpuguard explain (no torch): lines, keyword pre-filter, context.",
-                           -1, nullptr, nullptr, nullptr, nullptr, nullptr};
+PyType_Spec scanner_spec = {"gpuguard._core.Scanner", sizeof(ScannerObject), 0, Py_TPFLAGS_DEFAULT, scanner_slots};
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__scan(void) {
-  PyObject* module = PyModule_Create(&scan_module);
-  if (module == nullptr) return nullptr;
+namespace gpuguard::python {
+
+void add_scanner(pybind11::module_& m) {
   PyObject* type = PyType_FromSpec(&scanner_spec);
-  if (type == nullptr || PyModule_AddObject(module, "Scanner", type) < 0) {
-    Py_XDECREF(type);
-    Py_DECREF(module);
-    return nullptr;
-  }
-  if (PyModule_AddIntConstant(module, "MIN_KEYWORD_BYTES",
-                              static_cast<long>(gpuguard::KeywordSearch::kMinKeywordBytes)) < 0) {
-    Py_DECREF(module);
-    return nullptr;
-  }
-  return module;
+  if (type == nullptr) throw pybind11::error_already_set();
+  m.add_object("Scanner", pybind11::reinterpret_steal<pybind11::object>(type));
+  m.attr("MIN_KEYWORD_BYTES") = static_cast<long>(gpuguard::KeywordSearch::kMinKeywordBytes);
 }
+
+}  // namespace gpuguard::python

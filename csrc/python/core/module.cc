@@ -1,23 +1,26 @@
-// gpuguard._C: the module and its functions over the C++ core; records.cc binds the classes they return.
+// gpuguard._core: the torch-free module and its functions over the C++ core; records.cc binds the classes they return.
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <tuple>
 
 #include <pybind11/pybind11.h>
+#include <pybind11/chrono.h>
 #include <pybind11/stl.h>
-#include <torch/python.h>
 
-#include "device_check.h"
 #include "gpuguard/cuda_driver.h"
 #include "gpuguard/identity.h"
 #include "gpuguard/nccl.h"
 #include "gpuguard/nccl_probe.h"
 #include "gpuguard/p2p_probe.h"
 #include "gpuguard/visible_devices.h"
-#include "gpuguard/tensor_devices.h"
 #include "gpuguard/placement.h"
+#include "gpuguard/tcp_store_client.h"
 #include "records.h"
+#include "scanner.h"
 #include "watch.h"
 
 namespace py = pybind11;
@@ -68,32 +71,6 @@ void bind_binding(py::module_& m) {
 
   m.def("driver_init_record", [] { return gpuguard::CudaDriver::instance().init_record(); },
         "What gpuguard's cuInit saw (never initialises anything).");
-}
-
-
-// ---- tensor devices (issue: tensor-device consistency) ----------------------------------------------------
-
-void bind_tensor_devices(py::module_& m) {
-  namespace gp = gpuguard::python;
-  m.def("check_call", &gp::check_call, py::arg("module"), py::arg("args"), py::arg("kwargs"),
-        py::arg("expected"), py::arg("labels"),
-        "The common torch.device of a module's parameters and buffers (module may be None) and every tensor in "
-        "args/kwargs; None when there is none. Raises gpuguard.DeviceMismatchError.");
-  m.def("checks_disabled", &gp::checks_disabled, "Whether GPUGUARD_DISABLE turns every check off.");
-  m.def("compress_names", &gpuguard::compress_names, py::arg("names"), py::arg("universe"),
-        "Qualified names with whole subtrees and index runs compressed (layers.0-15.*).");
-  m.def("forward_hook", &gp::make_forward_hook,
-        "A new forward pre-hook (with_kwargs=True) for guard(module): the whole tree against the inputs.");
-  m.def("layer_hook", &gp::make_layer_hook, py::arg("name"), py::arg("type"),
-        "A new forward pre-hook (with_kwargs=True) for one layer under guard(module, deep=True).");
-  py::class_<gp::DeepGuard>(m, "DeepGuard",
-                            "guard(module, deep=True): the root's view of its tree and of the call in progress.")
-      .def(py::init<py::handle>(), py::arg("root"))
-      .def("enter", &gp::DeepGuard::enter, py::arg("module"), py::arg("args"), py::arg("kwargs"),
-           "The root's forward begins: remembers the caller's tensors; True when the tree changed.")
-      .def("leave", &gp::DeepGuard::leave, "The root's forward ended (normally or by an exception).")
-      .def("layer_hook", &gp::DeepGuard::layer_hook, py::arg("name"), py::arg("type"),
-           "A forward pre-hook (with_kwargs=True) for one layer, sharing this guard's view of the model.");
 }
 
 
@@ -193,16 +170,97 @@ void bind_diagnostics(py::module_& m) {
 }
 
 
+// ---- the job's TCPStore without torch (gpuguard check under torchrun) ----------------------------------------
+
+// The value of a Result, or a RuntimeError with its message (the Store protocol's callers check every call).
+template <typename T>
+T value_or_raise(gpuguard::Result<T> r) {
+  if (!r) throw std::runtime_error(r.error().message());
+  return std::move(r).value();
+}
+
+// torch.distributed.Store's methods over TcpStoreClient, keys under `prefix` as torch's PrefixStore joins them.
+class TcpStore {
+ public:
+  TcpStore(std::string host, int port, double timeout_s, std::string prefix)
+      : prefix_(prefix.empty() ? prefix : prefix + "/") {
+    auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::max(timeout_s, 0.001) * 1000));
+    py::gil_scoped_release nogil;
+    client_ = value_or_raise(gpuguard::TcpStoreClient::connect(std::move(host), port, timeout));
+  }
+  void set(const std::string& key, const py::bytes& value) {
+    std::string v = value;
+    py::gil_scoped_release nogil;
+    value_or_raise(client_->set(prefix_ + key, v));
+  }
+  py::bytes get(const std::string& key) {
+    std::string v;
+    {
+      py::gil_scoped_release nogil;
+      v = value_or_raise(client_->get(prefix_ + key));
+    }
+    return py::bytes(v);
+  }
+  std::int64_t add(const std::string& key, std::int64_t amount) {
+    py::gil_scoped_release nogil;
+    return value_or_raise(client_->add(prefix_ + key, amount));
+  }
+  bool check(const std::vector<std::string>& keys) {
+    auto wire = prefixed(keys);
+    py::gil_scoped_release nogil;
+    return value_or_raise(client_->check(wire));
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    auto wire = prefixed(keys);
+    py::gil_scoped_release nogil;
+    value_or_raise(client_->wait(wire, timeout));
+  }
+  py::bytes compare_set(const std::string& key, const py::bytes& expected, const py::bytes& desired) {
+    std::string e = expected, d = desired, v;
+    {
+      py::gil_scoped_release nogil;
+      v = value_or_raise(client_->compare_set(prefix_ + key, e, d));
+    }
+    return py::bytes(v);
+  }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    out.reserve(keys.size());
+    for (const auto& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  std::string prefix_;
+  std::unique_ptr<gpuguard::TcpStoreClient> client_;
+};
+
+void bind_tcp_store(py::module_& m) {
+  py::class_<TcpStore>(m, "TcpStore",
+                       "A client of a c10d TCPStore with torch.distributed.Store's methods, without torch "
+                       "(gpuguard/tcp_store_client.h): every call bounded by timeout_s; keys under prefix as "
+                       "torch.distributed.PrefixStore(prefix, store) names them. Raises RuntimeError naming the store.")
+      .def(py::init<std::string, int, double, std::string>(), py::arg("host"), py::arg("port"),
+           py::arg("timeout_s"), py::arg("prefix") = "")
+      .def("set", &TcpStore::set, py::arg("key"), py::arg("value"))
+      .def("get", &TcpStore::get, py::arg("key"))
+      .def("add", &TcpStore::add, py::arg("key"), py::arg("amount"))
+      .def("check", &TcpStore::check, py::arg("keys"))
+      .def("wait", &TcpStore::wait, py::arg("keys"), py::arg("timeout"))
+      .def("compare_set", &TcpStore::compare_set, py::arg("key"), py::arg("expected"), py::arg("desired"));
+}
+
 }  // namespace
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "gpuguard's compiled core (private; use the gpuguard package)";
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "gpuguard's torch-free compiled core (private; use the gpuguard package)";
   gpuguard::python::bind_records(m);
   bind_cuda_driver(m);
   bind_nccl(m);
   bind_diagnostics(m);
   bind_binding(m);
-  bind_tensor_devices(m);
   bind_identity_placement(m);
+  bind_tcp_store(m);
   gpuguard::python::bind_watchdog(m);
+  gpuguard::python::add_scanner(m);
 }

@@ -1,4 +1,4 @@
-// bind_records: registers the record classes of gpuguard._C (ErrorInfo, Device, IdentityRecord, ...).
+// bind_records: registers the record classes of gpuguard._core (ErrorInfo, Device, IdentityRecord, ...).
 #pragma once
 
 #include <pybind11/pybind11.h>
