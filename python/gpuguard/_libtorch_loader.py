@@ -32,8 +32,10 @@ _module: Optional[ModuleType] = None
 _failure: Optional[str] = None
 
 
-def _base_version(version: str) -> str:
-    return version.split("+", 1)[0]
+def built_for_another_torch(installed: str) -> bool:
+    """Whether _libtorch was built for another torch than ``installed`` (local versions such as +cu124 aside)."""
+    built_for = TORCH_VERSION_BUILT_FOR
+    return built_for is not None and built_for.split("+", 1)[0] != installed.split("+", 1)[0]
 
 
 def _load() -> ModuleType:
@@ -41,7 +43,7 @@ def _load() -> ModuleType:
 
     installed = str(torch.__version__)
     built_for = TORCH_VERSION_BUILT_FOR
-    if built_for is not None and _base_version(built_for) != _base_version(installed):
+    if built_for_another_torch(installed):
         raise ImportError(
             f"gpuguard was built for PyTorch {built_for}, but PyTorch {installed} is installed, so its tensor checks "
             f"(assert_same_device, same_device, guard, find_device_mismatch) cannot load; everything else works. "

@@ -233,7 +233,7 @@ def _devices(report: DoctorReport) -> None:
 
 def _tensor_checks(report: DoctorReport) -> None:
     """Whether gpuguard._libtorch (the tensor checks) matches the installed torch, judged from the files alone."""
-    from ._libtorch_loader import REINSTALL, TORCH_VERSION_BUILT_FOR
+    from ._libtorch_loader import REINSTALL, TORCH_VERSION_BUILT_FOR, built_for_another_torch
     from .installed_torch import installed_torch
 
     torch = installed_torch()
@@ -245,8 +245,7 @@ def _tensor_checks(report: DoctorReport) -> None:
                     "(gpuguard._libtorch): assert_same_device, same_device, guard and find_device_mismatch raise "
                     "ImportError; everything else works.", "Rebuild gpuguard with torch installed: " + REINSTALL)
         return
-    built, installed = TORCH_VERSION_BUILT_FOR.split("+")[0], torch.version.split("+")[0]
-    if built != installed:
+    if built_for_another_torch(torch.version):
         report.find("warning", "torch_build_mismatch", f"gpuguard's tensor checks were built for PyTorch "
                     f"{TORCH_VERSION_BUILT_FOR}, but PyTorch {torch.version} is installed: assert_same_device, "
                     "same_device, guard and find_device_mismatch raise ImportError when called. bind(), the "

@@ -4,6 +4,7 @@ the NCCL wheel that build loads (importing torch costs seconds and most of a gig
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -49,6 +50,12 @@ def installed_torch() -> Optional[InstalledTorch]:
     if loaded is not None and hasattr(loaded, "version"):
         return InstalledTorch(str(loaded.__version__), getattr(loaded.version, "cuda", None),
                               os.path.dirname(loaded.__file__ or ""))
+    return _from_files()
+
+
+@functools.lru_cache(maxsize=1)
+def _from_files() -> Optional[InstalledTorch]:
+    """torch/version.py, parsed once per process (doctor asks three times)."""
     try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):

@@ -40,6 +40,17 @@ def codes(doc: dict) -> dict[str, dict]:
     return {f["code"]: f for f in doc["findings"]}
 
 
+def test_doctor_reads_torch_from_its_files_as_torch_itself_says_without_importing_it():
+    proc = run_cli(["doctor", "--json"], no_driver_env(PYTHONPROFILEIMPORTTIME="1"))
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert "gpuguard.doctor" in imported and "torch" not in imported
+    versions = json.loads(proc.stdout)["versions"]
+    import torch
+    assert versions["torch"] == torch.__version__
+    assert versions["torch CUDA build"] == (torch.version.cuda or "none (CPU-only build of torch)")
+    assert "torch_build_mismatch" not in codes(json.loads(proc.stdout))  # this checkout's build, this torch
+
+
 # ---- the report -----------------------------------------------------------------------------------------------
 
 def test_doctor_without_a_driver_says_what_it_could_not_check(tmp_path):

@@ -86,3 +86,21 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_every_module_opens_with_a_docstring_saying_what_it_is_for():
     missing = [name for name, path in _modules().items() if not ast.get_docstring(ast.parse(path.read_text()))]
     assert missing == []
+
+
+COMPILED = {"_core", "_libtorch", "_C", "_scan"}  # the two modules, and the names they replaced
+
+
+def test_compiled_modules_are_imported_from_where_they_live_and_libtorch_only_through_its_loader():
+    through_package, libtorch_users = [], []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level and not node.module and {a.name for a in node.names} & COMPILED:
+                through_package.append(name)  # `from . import _core` asks the package's __getattr__ first
+            if (node.module or "").split(".")[-1] == "_libtorch":
+                libtorch_users.append(name)
+    assert through_package == [], f"these modules reach a compiled module through the package: {through_package}"
+    # torch's version is checked before _libtorch loads, so nothing imports it but _libtorch_loader (importlib)
+    assert libtorch_users == [], f"these modules import gpuguard._libtorch past its loader: {libtorch_users}"
