@@ -9,7 +9,7 @@
 site-packages is), beside an identical site folder without it, so both sides pay the same sitecustomize.
 Each case runs fresh interpreters, alternating the two sides, and reports medians.
 
-    PYTHONPATH=python python benchmarks/bench_auto.py [--starts 40] [--imports 8] [--steps 1000]
+    python benchmarks/bench_auto.py [--starts 40] [--imports 8] [--steps 1000]
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def folders(tmp: Path) -> tuple[Path, Path, Path]:
 
 def env_for(hook: Path, site: Path, gpuguard: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("GPUGUARD", "PYTHONPATH")}
-    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT / "python")])
+    # the installed gpuguard, or the caller's PYTHONPATH=python for this checkout's in-place build
+    env["PYTHONPATH"] = os.pathsep.join([str(hook)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env["BENCH_SITE"] = str(site)
     env["OMP_NUM_THREADS"] = "1"  # one thread: the loop measures the Python path, not the scheduler
     if gpuguard:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+ENV = dict(os.environ)  # the installed gpuguard; PYTHONPATH=python measures this checkout's in-place build
 
 CONTENDERS = {
     "gpuguard explain_file": """
@@ -102,7 +102,6 @@ def run(body: str, path: Path, pythonpath: str = "") -> dict:
 
 
 def grep_seconds(path: Path) -> float:
-    sys.path.insert(0, str(ROOT / "python"))
     from gpuguard.explain import KEYWORDS
 
     args = ["grep", "-c", "-F"] + [a for k in KEYWORDS for a in ("-e", k)] + [str(path)]

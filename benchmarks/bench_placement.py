@@ -7,7 +7,7 @@ put two ranks on each of half their GPUs (the failing case, where the last arriv
 counting Store wrapper counts every operation each rank makes. all_gather_object runs N real processes (gloo)
 for the sizes this machine can start; each gathers every rank's record, as a naive check would.
 
-    PYTHONPATH=python python benchmarks/bench_placement.py [--sizes 8,64,256,1024] [--gather-sizes 8,16]
+    python benchmarks/bench_placement.py [--sizes 8,64,256,1024] [--gather-sizes 8,16]
 """
 
 from __future__ import annotations

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-import gpuguard  # noqa: E402
+import gpuguard  # the installed package; PYTHONPATH=python measures this checkout's in-place build
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -7,7 +7,7 @@ it as it would to torchrun's). Blocks with and without the watchdog alternate, a
 (time.thread_time) is printed beside the wall time: it is what a preempted, shared machine distorts least. The 1 ms step is a busy-wait of 1 ms plus one small all-reduce, the
 shape of a fast training step; target: the watchdog adds at most 1 % of it.
 
-    PYTHONPATH=python python benchmarks/bench_watch.py [--collectives 20000] [--steps 2000] [--idle 10]
+    python benchmarks/bench_watch.py [--collectives 20000] [--steps 2000] [--idle 10]
 """
 
 from __future__ import annotations
