@@ -19,10 +19,10 @@ REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps gpugua
 
 def _built_for() -> Optional[str]:
     try:
-        from . import _build_info
+        from ._build_info import TORCH_VERSION
     except ImportError:  # a build without _libtorch (GPUGUARD_BUILD_LIBTORCH=OFF), or a broken checkout
         return None
-    return getattr(_build_info, "TORCH_VERSION", None)
+    return str(TORCH_VERSION)
 
 
 TORCH_VERSION_BUILT_FOR: Optional[str] = _built_for()
