@@ -25,6 +25,7 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 namespace gpuguard {
@@ -207,23 +208,28 @@ Status TcpStoreClient::check_sizes(const std::string& op, std::string_view key, 
   return ok_status();
 }
 
+Status TcpStoreClient::poll_ready(const std::string& op, short events, const Deadline& deadline,
+                                  const std::function<std::string()>& late) {
+  while (true) {
+    pollfd p{fd_, events, 0};
+    int ready = ::poll(&p, 1, deadline.poll_ms());
+    if (ready > 0) return ok_status();
+    if (ready == 0) return fail(call_error(kLibrary, op, ETIMEDOUT, "ETIMEDOUT", late(), GPUGUARD_WHERE));
+    if (errno == EINTR) continue;
+    int err = errno;
+    return fail(call_error(kLibrary, op, err, errno_name(err),
+                           "poll on the connection to the store at " + address_ + ": " + std::strerror(err),
+                           GPUGUARD_WHERE));
+  }
+}
+
 Status TcpStoreClient::send_all(const std::string& op, const std::string& bytes, const Deadline& deadline) {
   std::size_t done = 0;
   while (done < bytes.size()) {
-    pollfd p{fd_, POLLOUT, 0};
-    int ready = ::poll(&p, 1, deadline.poll_ms());
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) {
-      int err = errno;
-      return fail(call_error(kLibrary, op, err, errno_name(err),
-                             "poll on the connection to the store at " + address_ + ": " + std::strerror(err),
-                             GPUGUARD_WHERE));
-    }
-    if (ready == 0)
-      return fail(call_error(kLibrary, op, ETIMEDOUT, "ETIMEDOUT",
-                             "the store at " + address_ + " took no request bytes for " + ms_text(deadline.length) +
-                                 " (the server is stuck or the network is down)",
-                             GPUGUARD_WHERE));
+    GPUGUARD_TRY(poll_ready(op, POLLOUT, deadline, [&] {
+      return "the store at " + address_ + " took no request bytes for " + ms_text(deadline.length) +
+             " (the server is stuck or the network is down)";
+    }));
     auto n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n < 0) {
@@ -242,21 +248,10 @@ Status TcpStoreClient::recv_all(const std::string& op, void* out, std::size_t si
   auto* to = static_cast<char*>(out);
   std::size_t done = 0;
   while (done < size) {
-    pollfd p{fd_, POLLIN, 0};
-    int ready = ::poll(&p, 1, deadline.poll_ms());
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) {
-      int err = errno;
-      return fail(call_error(kLibrary, op, err, errno_name(err),
-                             "poll on the connection to the store at " + address_ + ": " + std::strerror(err),
-                             GPUGUARD_WHERE));
-    }
-    if (ready == 0)
-      return fail(call_error(
-          kLibrary, op, ETIMEDOUT, "ETIMEDOUT",
-          "no answer from the store at " + address_ + " within " + ms_text(deadline.length) +
-              (done ? " (" + std::to_string(done) + " of " + std::to_string(size) + " bytes came)" : std::string()),
-          GPUGUARD_WHERE));
+    GPUGUARD_TRY(poll_ready(op, POLLIN, deadline, [&] {
+      return "no answer from the store at " + address_ + " within " + ms_text(deadline.length) +
+             (done ? " (" + std::to_string(done) + " of " + std::to_string(size) + " bytes came)" : std::string());
+    }));
     auto n = ::recv(fd_, to + done, size - done, 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n < 0) {
