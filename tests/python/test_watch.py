@@ -279,3 +279,14 @@ def test_a_store_the_thread_cannot_reach_without_python_is_refused(tmp_path):
         _store_address(dist.FileStore(str(tmp_path / "store"), 1))
     server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     assert _store_address(dist.PrefixStore("default_pg", server)) == ("127.0.0.1", server.port)
+
+
+def test_the_stack_dumper_reads_this_thread_or_says_why_it_cannot():
+    from gpuguard import _core
+
+    text = _core.dump_python_stacks()
+    if sys.version_info[:2] in ((3, 11), (3, 12)):  # the versions whose libpython exports the dumper
+        assert f'File "{__file__}"' in text and "test_the_stack_dumper_reads_this_thread" in text, text
+    else:
+        assert text == (f"(no stack: Python {sys.version.split()[0]} does not export _Py_DumpTracebackThreads, which "
+                        f"gpuguard needs to read stacks without the GIL)\n")

@@ -1,6 +1,7 @@
 // gpuguard._core.Watchdog: binds the collective watchdog and gives it a stack dumper that runs without the GIL.
 #include "watch.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,22 +13,36 @@
 
 #include "gpuguard/watchdog.h"
 
-// CPython's own GIL-free dumper, the one faulthandler uses from its watchdog thread (dump_traceback_later) and
-// from signal handlers: it reads every thread's frames without taking the GIL, so it works while the main
-// thread is blocked in C holding it. Exported by libpython (PyAPI_FUNC) though declared in an internal header.
-extern "C" const char* _Py_DumpTracebackThreads(int fd, PyInterpreterState* interp, PyThreadState* current_tstate);
-
 namespace gpuguard::python {
 namespace py = pybind11;
 namespace {
 
 constexpr std::size_t kMaxStackBytes = 48 * 1024;
 
+// CPython's own GIL-free dumper, the one faulthandler uses from its watchdog thread (dump_traceback_later) and
+// from signal handlers: it reads every thread's frames without taking the GIL, so it works while the main
+// thread is blocked in C holding it. Declared in an internal header, and exported by libpython 3.11 and 3.12
+// only (3.9, 3.10 and 3.13 keep it local): looked up when the module loads, never linked, so that gpuguard._core
+// loads on every Python and a watchdog report there says why it has no stack.
+using DumpTracebackThreads = const char* (*)(int fd, PyInterpreterState* interp, PyThreadState* current_tstate);
+
+DumpTracebackThreads traceback_dumper() {
+  static const auto dumper =
+      reinterpret_cast<DumpTracebackThreads>(::dlsym(RTLD_DEFAULT, "_Py_DumpTracebackThreads"));
+  return dumper;
+}
+
 std::string dump_python_stacks(PyInterpreterState* interp) {
+  DumpTracebackThreads dump = traceback_dumper();
+  if (dump == nullptr) {
+    std::string version = Py_GetVersion();  // "3.10.13 (main, ...": a static string, safe without the GIL
+    return "(no stack: Python " + version.substr(0, version.find(' ')) +
+           " does not export _Py_DumpTracebackThreads, which gpuguard needs to read stacks without the GIL)\n";
+  }
   std::FILE* file = std::tmpfile();
   if (file == nullptr) return "(no stack: tmpfile() failed)";
   int fd = fileno(file);
-  const char* failure = _Py_DumpTracebackThreads(fd, interp, nullptr);
+  const char* failure = dump(fd, interp, nullptr);
   std::string out;
   if (::lseek(fd, 0, SEEK_SET) == 0) {
     char buf[4096];
