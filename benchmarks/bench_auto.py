@@ -65,7 +65,8 @@ def folders(tmp: Path) -> tuple[Path, Path, Path]:
 def env_for(hook: Path, site: Path, gpuguard: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("GPUGUARD", "PYTHONPATH")}
     # the installed gpuguard, or the caller's PYTHONPATH=python for this checkout's in-place build
-    env["PYTHONPATH"] = os.pathsep.join([str(hook)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    env["PYTHONPATH"] = os.pathsep.join([str(hook)] + inherited)
     env["BENCH_SITE"] = str(site)
     env["OMP_NUM_THREADS"] = "1"  # one thread: the loop measures the Python path, not the scheduler
     if gpuguard:

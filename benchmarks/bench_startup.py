@@ -81,7 +81,8 @@ def main() -> None:
         rows.append({"command": name, "seconds": seconds, "seconds_ratio": seconds / base_s, "peak_mb": mb,
                      "peak_ratio": mb / base_mb, "imports_torch": torch,
                      "seconds_min": min(s for s, _ in samples[name]), "seconds_max": max(s for s, _ in samples[name])})
-        print(f"{name:34} {seconds:8.3f} {seconds / base_s:7.2f} {mb:8.1f} {mb / base_mb:7.2f}  {'yes' if torch else 'no'}")
+        print(f"{name:34} {seconds:8.3f} {seconds / base_s:7.2f} {mb:8.1f} {mb / base_mb:7.2f}  "
+              f"{'yes' if torch else 'no'}")
     devices = next(r for r in rows if r["command"] == "gpuguard devices")
     met = devices["seconds"] <= 0.3 and devices["peak_mb"] <= 60
     print(f"target for gpuguard devices (<= 0.3 s, <= 60 MB): {'met' if met else 'NOT met'}")

@@ -1,8 +1,9 @@
 """Tensor-device consistency: assert_same_device, the @same_device decorator and guard(module).
 
-The checks run in C++ (gpuguard._libtorch, loaded on first use by _libtorch_loader): it reads the module's parameter, buffer and submodule dicts and
-each tensor's device on every call, so the answer always describes the model as it is now. Names are only
-gathered once a check has failed, for the report carried by DeviceMismatchError.
+The checks run in C++ (gpuguard._libtorch, loaded on first use by _libtorch_loader): it reads the module's
+parameter, buffer and submodule dicts and each tensor's device on every call, so the answer always describes the
+model as it is now. Names are only gathered once a check has failed, for the report carried by
+DeviceMismatchError.
 """
 
 from __future__ import annotations
