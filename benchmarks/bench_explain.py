@@ -1,7 +1,7 @@
 """gpuguard explain over large logs vs the obvious alternatives, and its time per MB as logs grow and change shape.
 
 Part 1, one ordinary NCCL_DEBUG=INFO-like log (--mb, default 64 MiB), each contender in its own process:
-  - gpuguard explain_file: the C++ reader (gpuguard._scan) hands Python only the lines with a keyword;
+  - gpuguard explain_file: the C++ reader (gpuguard._core.Scanner) hands Python only the lines with a keyword;
   - the Python line loop explain used before it (iter_lines, a substring test per keyword per line), and with
     --before, the explain_file of a checkout from before the C++ reader (its own keywords and recognisers);
   - `grep -c -F` with the same keywords (the floor: one C pass that only counts).
