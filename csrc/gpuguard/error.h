@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -42,6 +43,14 @@ class Result {
 struct Ok {};
 using Status = Result<Ok>;
 inline Status ok_status() { return Status(Ok{}); }
+
+// For callers whose failures are exceptions (the watchdog's loop, the Python bindings): the value, or a
+// std::runtime_error carrying the Error's message (which names the library and the call).
+template <typename T>
+T value_or_throw(Result<T> result) {
+  if (!result.ok()) throw std::runtime_error(result.error().message());
+  return std::move(result).value();
+}
 
 std::string source_location(const char* file, int line);
 

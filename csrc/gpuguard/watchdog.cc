@@ -23,17 +23,6 @@
 namespace gpuguard {
 namespace {
 
-// The store client returns Result; the watchdog's loop handles a failing tick as an exception (run()), so each
-// store call goes through take(), which throws the client's error message (it names the store and the call).
-template <typename T>
-T take(Result<T> result) {
-  if (!result.ok()) throw std::runtime_error(result.error().message());
-  return std::move(result).value();
-}
-void take(const Status& status) {
-  if (!status.ok()) throw std::runtime_error(status.error().message());
-}
-
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -63,8 +52,10 @@ Watchdog::Watchdog(WatchdogOptions options, StackDumper dump_stack)
     : options_(std::move(options)), dump_stack_(std::move(dump_stack)) {
   try {
     // A plain client of the job's store (never its owner): our own, so that the watchdog needs no LibTorch.
-    store_ = take(TcpStoreClient::connect(options_.store_host, options_.store_port, TcpStoreClient::kDefaultTimeout));
-    take(store_->set(key("hello/" + std::to_string(options_.rank)), encode_state(snapshot(false))));
+    // store calls throw (value_or_throw): run() handles a failing tick as an exception
+    store_ = value_or_throw(
+        TcpStoreClient::connect(options_.store_host, options_.store_port, TcpStoreClient::kDefaultTimeout));
+    value_or_throw(store_->set(key("hello/" + std::to_string(options_.rank)), encode_state(snapshot(false))));
     store_ops_ += 1;
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot reach the job's store at " + options_.store_host + ":" +
@@ -181,7 +172,7 @@ void Watchdog::tick() {
   store_ops_ += 1;
   bool composer = false;
   std::string alarm;
-  if (!take(store.check({alarm_key}))) {
+  if (!value_or_throw(store.check({alarm_key}))) {
     std::string mine;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -195,12 +186,12 @@ void Watchdog::tick() {
     }
     if (mine.empty()) return;
     store_ops_ += 1;
-    auto got = take(store.compare_set(alarm_key, "", mine));
+    auto got = value_or_throw(store.compare_set(alarm_key, "", mine));
     composer = got == mine;
     alarm = got;
   } else {
     store_ops_ += 1;
-    alarm = take(store.get(alarm_key));
+    alarm = value_or_throw(store.get(alarm_key));
   }
   // An alarm is handled once, even when the store fails halfway: the next tick looks at the next epoch.
   std::uint64_t epoch = epoch_++;
@@ -229,8 +220,8 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
   }
 
   store_ops_ += 2;
-  auto index = take(store.add(key(e + "n"), 1)) - 1;
-  take(store.set(key(e + "state/" + std::to_string(index)), encode_state(me)));
+  auto index = value_or_throw(store.add(key(e + "n"), 1)) - 1;
+  value_or_throw(store.set(key(e + "state/" + std::to_string(index)), encode_state(me)));
 
   std::string message, json;
   if (composer) {
@@ -239,7 +230,7 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     std::int64_t arrived = 0;
     while (true) {
       store_ops_ += 1;
-      arrived = take(store.add(key(e + "n"), 0));
+      arrived = value_or_throw(store.add(key(e + "n"), 0));
       if (arrived >= options_.world_size || Clock::now() >= gather_until || stopping_) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
@@ -248,15 +239,15 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     std::vector<std::string> values;
     try {  // a rank counted itself in and publishes its state the next moment
       store_ops_ += 2;
-      take(store.wait(keys, std::chrono::milliseconds(5000)));
-      values = take(store.multi_get(keys));
+      value_or_throw(store.wait(keys, std::chrono::milliseconds(5000)));
+      values = value_or_throw(store.multi_get(keys));
     } catch (const std::exception&) {  // ... unless it died in between: read the states that are there
       values.clear();
       for (const auto& k : keys) {
         store_ops_ += 1;
-        if (!take(store.check({k}))) continue;
+        if (!value_or_throw(store.check({k}))) continue;
         store_ops_ += 1;
-        values.push_back(take(store.get(k)));
+        values.push_back(value_or_throw(store.get(k)));
       }
     }
     std::vector<std::optional<RankState>> states(subject.ranks.size()), hellos(subject.ranks.size());
@@ -270,9 +261,9 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
       if (states[i]) continue;
       std::string hello_key = key("hello/" + std::to_string(subject.ranks[i]));
       store_ops_ += 1;
-      if (!take(store.check({hello_key}))) continue;
+      if (!value_or_throw(store.check({hello_key}))) continue;
       store_ops_ += 1;
-      hellos[i] = decode_state(take(store.get(hello_key)));
+      hellos[i] = decode_state(value_or_throw(store.get(hello_key)));
     }
     std::string my_host = options_.host;
     double gather_s = options_.gather_s;
@@ -298,15 +289,15 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     message = report.message;
     json = report.json;
     store_ops_ += 2;
-    take(store.set(key(e + "report/message"), message));
-    take(store.set(key(e + "report/json"), json));
+    value_or_throw(store.set(key(e + "report/message"), message));
+    value_or_throw(store.set(key(e + "report/json"), json));
   } else {
     auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(options_.gather_s + 30));
     std::string report_key = key(e + "report/json");
     while (true) {
       store_ops_ += 1;
-      if (take(store.check({report_key}))) break;
+      if (value_or_throw(store.check({report_key}))) break;
       if (Clock::now() >= give_up || stopping_) {
         write_all(2, "gpuguard.watch: rank " + std::to_string(options_.rank) + ": a stall was raised (" + alarm +
                          ") but no report came; the rank composing it may be gone.\n");
@@ -315,8 +306,8 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
     store_ops_ += 2;
-    json = take(store.get(report_key));
-    message = take(store.get(key(e + "report/message")));
+    json = value_or_throw(store.get(report_key));
+    message = value_or_throw(store.get(key(e + "report/message")));
   }
   deliver(message, json);
 }

@@ -76,12 +76,3 @@ def libtorch() -> ModuleType:
         except ImportError as exc:
             _failure = str(exc)
     raise ImportError(_failure)
-
-
-def unavailable_reason() -> Optional[str]:
-    """Why the tensor checks cannot load (loading them, and torch, if that has not happened), or None."""
-    try:
-        libtorch()
-    except ImportError as exc:
-        return str(exc)
-    return None

@@ -50,9 +50,7 @@ void bind_cuda_driver(py::module_& m) {
         "Whether gpuguard has called cuInit in this process.");
 
   m.def("can_access_peer", [](int a, int b) {
-    auto r = gpuguard::CudaDriver::instance().can_access_peer(a, b);
-    if (!r) throw std::runtime_error(r.error().message());
-    return r.value();
+    return gpuguard::value_or_throw(gpuguard::CudaDriver::instance().can_access_peer(a, b));
   });
 }
 
@@ -122,8 +120,8 @@ void bind_nccl(py::module_& m) {
       py::gil_scoped_release nogil;
       id = gpuguard::Nccl::instance().unique_id();
     }
-    if (!id) throw std::runtime_error(id.error().message());
-    return py::bytes(id.value().data(), id.value().size());
+    auto bytes = gpuguard::value_or_throw(std::move(id));
+    return py::bytes(bytes.data(), bytes.size());
   }, "ncclGetUniqueId: 128 bytes for rank 0 to publish to the others.");
 
   m.def("nccl_probe", [](int nranks, int rank, py::bytes unique_id, int device, double timeout_s, bool all_reduce) {
@@ -172,13 +170,6 @@ void bind_diagnostics(py::module_& m) {
 
 // ---- the job's TCPStore without torch (gpuguard check under torchrun) ----------------------------------------
 
-// The value of a Result, or a RuntimeError with its message (the Store protocol's callers check every call).
-template <typename T>
-T value_or_raise(gpuguard::Result<T> r) {
-  if (!r) throw std::runtime_error(r.error().message());
-  return std::move(r).value();
-}
-
 // torch.distributed.Store's methods over TcpStoreClient, keys under `prefix` as torch's PrefixStore joins them.
 class TcpStore {
  public:
@@ -186,40 +177,40 @@ class TcpStore {
       : prefix_(prefix.empty() ? prefix : prefix + "/") {
     auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::max(timeout_s, 0.001) * 1000));
     py::gil_scoped_release nogil;
-    client_ = value_or_raise(gpuguard::TcpStoreClient::connect(std::move(host), port, timeout));
+    client_ = gpuguard::value_or_throw(gpuguard::TcpStoreClient::connect(std::move(host), port, timeout));
   }
   void set(const std::string& key, const py::bytes& value) {
     std::string v = value;
     py::gil_scoped_release nogil;
-    value_or_raise(client_->set(prefix_ + key, v));
+    gpuguard::value_or_throw(client_->set(prefix_ + key, v));
   }
   py::bytes get(const std::string& key) {
     std::string v;
     {
       py::gil_scoped_release nogil;
-      v = value_or_raise(client_->get(prefix_ + key));
+      v = gpuguard::value_or_throw(client_->get(prefix_ + key));
     }
     return py::bytes(v);
   }
   std::int64_t add(const std::string& key, std::int64_t amount) {
     py::gil_scoped_release nogil;
-    return value_or_raise(client_->add(prefix_ + key, amount));
+    return gpuguard::value_or_throw(client_->add(prefix_ + key, amount));
   }
   bool check(const std::vector<std::string>& keys) {
     auto wire = prefixed(keys);
     py::gil_scoped_release nogil;
-    return value_or_raise(client_->check(wire));
+    return gpuguard::value_or_throw(client_->check(wire));
   }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
     auto wire = prefixed(keys);
     py::gil_scoped_release nogil;
-    value_or_raise(client_->wait(wire, timeout));
+    gpuguard::value_or_throw(client_->wait(wire, timeout));
   }
   py::bytes compare_set(const std::string& key, const py::bytes& expected, const py::bytes& desired) {
     std::string e = expected, d = desired, v;
     {
       py::gil_scoped_release nogil;
-      v = value_or_raise(client_->compare_set(prefix_ + key, e, d));
+      v = gpuguard::value_or_throw(client_->compare_set(prefix_ + key, e, d));
     }
     return py::bytes(v);
   }
