@@ -25,7 +25,6 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
-#include <functional>
 #include <utility>
 
 namespace gpuguard {
@@ -208,13 +207,12 @@ Status TcpStoreClient::check_sizes(const std::string& op, std::string_view key, 
   return ok_status();
 }
 
-Status TcpStoreClient::poll_ready(const std::string& op, short events, const Deadline& deadline,
-                                  const std::function<std::string()>& late) {
+Result<bool> TcpStoreClient::poll_until(const std::string& op, short events, const Deadline& deadline) {
   while (true) {
     pollfd p{fd_, events, 0};
     int ready = ::poll(&p, 1, deadline.poll_ms());
-    if (ready > 0) return ok_status();
-    if (ready == 0) return fail(call_error(kLibrary, op, ETIMEDOUT, "ETIMEDOUT", late(), GPUGUARD_WHERE));
+    if (ready > 0) return true;
+    if (ready == 0) return false;
     if (errno == EINTR) continue;
     int err = errno;
     return fail(call_error(kLibrary, op, err, errno_name(err),
@@ -226,10 +224,13 @@ Status TcpStoreClient::poll_ready(const std::string& op, short events, const Dea
 Status TcpStoreClient::send_all(const std::string& op, const std::string& bytes, const Deadline& deadline) {
   std::size_t done = 0;
   while (done < bytes.size()) {
-    GPUGUARD_TRY(poll_ready(op, POLLOUT, deadline, [&] {
-      return "the store at " + address_ + " took no request bytes for " + ms_text(deadline.length) +
-             " (the server is stuck or the network is down)";
-    }));
+    auto ready = poll_until(op, POLLOUT, deadline);
+    if (!ready.ok()) return ready.error();
+    if (!ready.value())
+      return fail(call_error(kLibrary, op, ETIMEDOUT, "ETIMEDOUT",
+                             "the store at " + address_ + " took no request bytes for " + ms_text(deadline.length) +
+                                 " (the server is stuck or the network is down)",
+                             GPUGUARD_WHERE));
     auto n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n < 0) {
@@ -248,10 +249,14 @@ Status TcpStoreClient::recv_all(const std::string& op, void* out, std::size_t si
   auto* to = static_cast<char*>(out);
   std::size_t done = 0;
   while (done < size) {
-    GPUGUARD_TRY(poll_ready(op, POLLIN, deadline, [&] {
-      return "no answer from the store at " + address_ + " within " + ms_text(deadline.length) +
-             (done ? " (" + std::to_string(done) + " of " + std::to_string(size) + " bytes came)" : std::string());
-    }));
+    auto ready = poll_until(op, POLLIN, deadline);
+    if (!ready.ok()) return ready.error();
+    if (!ready.value())
+      return fail(call_error(
+          kLibrary, op, ETIMEDOUT, "ETIMEDOUT",
+          "no answer from the store at " + address_ + " within " + ms_text(deadline.length) +
+              (done ? " (" + std::to_string(done) + " of " + std::to_string(size) + " bytes came)" : std::string()),
+          GPUGUARD_WHERE));
     auto n = ::recv(fd_, to + done, size - done, 0);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n < 0) {
@@ -466,26 +471,15 @@ Status TcpStoreClient::do_wait(const std::string& op, const std::vector<std::str
   GPUGUARD_TRY(send_all(op, r.data(), Deadline(timeout_)));
 
   // The server answers STOP_WAITING once every key exists; until then, nothing.
-  Deadline waiting(std::max(timeout, Duration::zero()));
-  while (true) {
-    pollfd p{fd_, POLLIN, 0};
-    int ready = ::poll(&p, 1, waiting.poll_ms());
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) {
-      int err = errno;
-      return fail(call_error(kLibrary, op, err, errno_name(err),
-                             "poll on the connection to the store at " + address_ + ": " + std::strerror(err),
-                             GPUGUARD_WHERE));
-    }
-    if (ready > 0) {
-      auto answer = recv_byte(op, Deadline(timeout_));
-      if (!answer.ok()) return answer.error();
-      if (answer.value() != kStopWaiting)
-        return protocol_error(op, "answered WAIT with byte " + std::to_string(answer.value()) + " (STOP_WAITING is 0)",
-                              GPUGUARD_WHERE);
-      return ok_status();
-    }
-    break;  // timed out
+  auto ready = poll_until(op, POLLIN, Deadline(std::max(timeout, Duration::zero())));
+  if (!ready.ok()) return ready.error();
+  if (ready.value()) {
+    auto answer = recv_byte(op, Deadline(timeout_));
+    if (!answer.ok()) return answer.error();
+    if (answer.value() != kStopWaiting)
+      return protocol_error(op, "answered WAIT with byte " + std::to_string(answer.value()) + " (STOP_WAITING is 0)",
+                            GPUGUARD_WHERE);
+    return ok_status();
   }
 
   // Timed out: cancel the wait on the server, as torch's client does, so that no STOP_WAITING comes later, in

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -83,10 +82,9 @@ class TcpStoreClient {
   Error fail(Error error);  // closes the connection and remembers why
   Error protocol_error(const std::string& op, const std::string& detail, const std::string& where);
   Status usable(const std::string& op) const;
-  // Waits in poll() until the connection is ready for `events`, up to the deadline (EINTR retried); on a poll
-  // failure, or ETIMEDOUT with late() as its detail, closes the connection and returns why.
-  Status poll_ready(const std::string& op, short events, const Deadline& deadline,
-                    const std::function<std::string()>& late);
+  // Waits in poll() until the connection is ready for `events`: true, or false once the deadline passed (EINTR
+  // retried). A failing poll closes the connection and is returned; what a timeout means is the caller's.
+  Result<bool> poll_until(const std::string& op, short events, const Deadline& deadline);
   Status send_all(const std::string& op, const std::string& bytes, const Deadline& deadline);
   Status recv_all(const std::string& op, void* out, std::size_t size, const Deadline& deadline);
   Result<std::string> recv_bytes(const std::string& op, const Deadline& deadline);
