@@ -15,3 +15,6 @@ class DeepGuard:
     def leave(self) -> None: ...
     def layer_hook(self, name: str, type: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], None]: ...
 
+
+def flight_recorder_reader() -> object:
+    """torch's flight recorder reader for gpuguard._core.Watchdog (a capsule holding a C function; no GIL)."""

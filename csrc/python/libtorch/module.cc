@@ -1,4 +1,5 @@
-// gpuguard._libtorch: the tensor checks (assert_same_device, guard()'s hooks, DeepGuard) over LibTorch.
+// gpuguard._libtorch: the tensor checks (assert_same_device, guard()'s hooks, DeepGuard) over LibTorch, and the
+// flight recorder reader the watchdog uses.
 //
 // The one module that links torch; built with torch's own pybind11, so that at::Tensor and torch.device cross the
 // boundary with torch's casters. gpuguard._libtorch_loader imports torch first and checks the version it was
@@ -8,6 +9,7 @@
 #include <torch/python.h>
 
 #include "device_check.h"
+#include "flight_recorder_reader.h"
 #include "gpuguard/tensor_devices.h"
 
 namespace py = pybind11;
@@ -42,4 +44,5 @@ void bind_tensor_devices(py::module_& m) {
 PYBIND11_MODULE(_libtorch, m) {
   m.doc() = "gpuguard's tensor checks over LibTorch (private; use the gpuguard package)";
   bind_tensor_devices(m);
+  gpuguard::python::bind_flight_recorder_reader(m);
 }
