@@ -6,11 +6,21 @@
 
 namespace gpuguard::cu {
 
-enum CUresult : int { CUDA_SUCCESS = 0, CUDA_ERROR_NOT_INITIALIZED = 3, CUDA_ERROR_NO_DEVICE = 100 };
+enum CUresult : int {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_NOT_READY = 600,  // cuEventQuery / cuStreamQuery: the work is still pending
+};
 using CUdevice = int;
 using CUdeviceptr = unsigned long long;
 struct CUctx_st;
 using CUcontext = CUctx_st*;
+struct CUstream_st;
+using CUstream = CUstream_st*;  // null: the legacy default stream of the current context
+struct CUevent_st;
+using CUevent = CUevent_st*;
+enum CUevent_flags : unsigned int { CU_EVENT_DEFAULT = 0x0, CU_EVENT_DISABLE_TIMING = 0x2 };
 struct CUuuid {
   char bytes[16];
 };
@@ -38,7 +48,8 @@ enum CUdevice_attribute : int {
   X(cuDeviceGetAttribute, CUresult, (int* value, CUdevice_attribute attribute, CUdevice device)) \
   X(cuDeviceGetPCIBusId, CUresult, (char* bus_id, int length, CUdevice device))
 
-// Used by diagnostics (peer access, peer copies); a driver lacking them still enumerates.
+// Used by diagnostics (peer access, peer copies) and by completion tracking (CompletionEvent: streams and
+// events); a driver lacking them still enumerates, and a call needing one names it.
 #define GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(X)                                                          \
   X(cuDeviceGetUuid, CUresult, (CUuuid * uuid, CUdevice device))                                    \
   X(cuDeviceCanAccessPeer, CUresult, (int* can_access, CUdevice device, CUdevice peer))             \
@@ -52,7 +63,17 @@ enum CUdevice_attribute : int {
   X(cuMemcpyHtoD_v2, CUresult, (CUdeviceptr dst, const void* src, size_t bytes))                    \
   X(cuMemcpyDtoH_v2, CUresult, (void* dst, CUdeviceptr src, size_t bytes))                          \
   X(cuMemcpyPeer, CUresult,                                                                         \
-    (CUdeviceptr dst, CUcontext dst_context, CUdeviceptr src, CUcontext src_context, size_t bytes))
+    (CUdeviceptr dst, CUcontext dst_context, CUdeviceptr src, CUcontext src_context, size_t bytes))  \
+  X(cuCtxGetCurrent, CUresult, (CUcontext * context))                                               \
+  X(cuStreamCreate, CUresult, (CUstream * stream, unsigned int flags))                              \
+  X(cuStreamDestroy_v2, CUresult, (CUstream stream))                                                \
+  X(cuStreamQuery, CUresult, (CUstream stream))                                                     \
+  X(cuStreamSynchronize, CUresult, (CUstream stream))                                               \
+  X(cuEventCreate, CUresult, (CUevent * event, unsigned int flags))                                 \
+  X(cuEventRecord, CUresult, (CUevent event, CUstream stream))                                      \
+  X(cuEventQuery, CUresult, (CUevent event))                                                        \
+  X(cuEventSynchronize, CUresult, (CUevent event))                                                  \
+  X(cuEventDestroy_v2, CUresult, (CUevent event))
 
 #define GPUGUARD_CUDA_DECLARE_PFN(symbol, ret, params) using PFN_##symbol = ret(*) params;
 GPUGUARD_CUDA_REQUIRED_FUNCTIONS(GPUGUARD_CUDA_DECLARE_PFN)

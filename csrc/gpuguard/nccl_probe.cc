@@ -189,6 +189,9 @@ class Probe {
     GPUGUARD_CU(cuMemAlloc_v2, &device_buffer_, count * sizeof(float));
     GPUGUARD_CU(cuMemcpyHtoD_v2, device_buffer_, host.data(), count * sizeof(float));
     void* buffer = reinterpret_cast<void*>(static_cast<std::uintptr_t>(device_buffer_));
+    // ncclAllReduce returns once the collective is enqueued on the stream (the legacy default stream here); a
+    // non-blocking communicator may still be enqueueing it, which ncclCommGetAsyncError reports. Neither says
+    // it ran: the kernel finishes later, or never on a broken fabric, and the host learns which at a sync.
     GPUGUARD_NCCL_ON(comm_, ncclAllReduce, buffer, buffer, count, nccl::ncclFloat32, nccl::ncclSum, comm_, nullptr);
     GPUGUARD_TRY(wait_ready("ncclAllReduce"));
     stage_ = "synchronize";
@@ -227,9 +230,11 @@ class Probe {
     }).detach();
     if (finished.wait_until(deadline_) != std::future_status::ready) {
       sync_abandoned_ = true;  // the helper thread may still use the buffer and the context: leave them
-      return timed_out("synchronize",
-                       "the all-reduce kernel did not finish within " + format_seconds(o_.timeout_s) +
-                           "; the communicator was aborted",
+      return timed_out("cuCtxSynchronize",
+                       "the all-reduce did not finish on the GPU within " + format_seconds(o_.timeout_s) + " (rank " +
+                           std::to_string(o_.rank) + " of " + std::to_string(o_.nranks) +
+                           "): ncclAllReduce had enqueued it, and the host waited for its kernel in "
+                           "cuCtxSynchronize; the communicator was aborted",
                        GPUGUARD_WHERE);
     }
     return cuda_.check("cuCtxSynchronize", finished.get(), GPUGUARD_WHERE);

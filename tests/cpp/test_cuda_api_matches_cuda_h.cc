@@ -2,6 +2,7 @@
 // every function pointer type must agree parameter by parameter, so a dlsym'ed pointer is called correctly.
 #include <cuda.h>
 
+#include <string_view>
 #include <type_traits>
 
 #include "abi_compatible.h"
@@ -24,6 +25,10 @@ template <>
 struct gpuguard_test::abi_compatible<g::CUuuid, ::CUuuid> : same_size<g::CUuuid, ::CUuuid> {};
 template <>
 struct gpuguard_test::abi_compatible<g::CUctx_st, ::CUctx_st> : std::true_type {};  // opaque handle
+template <>
+struct gpuguard_test::abi_compatible<g::CUstream_st, ::CUstream_st> : std::true_type {};  // opaque handle
+template <>
+struct gpuguard_test::abi_compatible<g::CUevent_st, ::CUevent_st> : std::true_type {};  // opaque handle
 
 static_assert(std::is_same_v<g::CUdevice, ::CUdevice>);
 static_assert(std::is_same_v<g::CUdeviceptr, ::CUdeviceptr>);
@@ -46,3 +51,15 @@ static_assert(g::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ==
               static_cast<int>(::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
 static_assert(g::CUDA_ERROR_NO_DEVICE == static_cast<int>(::CUDA_ERROR_NO_DEVICE));
 static_assert(g::CUDA_ERROR_NOT_INITIALIZED == static_cast<int>(::CUDA_ERROR_NOT_INITIALIZED));
+static_assert(g::CUDA_ERROR_NOT_READY == static_cast<int>(::CUDA_ERROR_NOT_READY));
+static_assert(g::CU_EVENT_DEFAULT == static_cast<unsigned int>(::CU_EVENT_DEFAULT));
+static_assert(g::CU_EVENT_DISABLE_TIMING == static_cast<unsigned int>(::CU_EVENT_DISABLE_TIMING));
+// The symbols gpuguard dlsym's are those cuda.h's macros expand to (cuStreamDestroy -> cuStreamDestroy_v2; the
+// stream calls unsuffixed, as without per-thread default streams, which gpuguard never asks for).
+#define GPUGUARD_EXPANDED_NAME(call) GPUGUARD_STRINGIFY(call)
+#define GPUGUARD_STRINGIFY(call) #call
+static_assert(std::string_view(GPUGUARD_EXPANDED_NAME(cuStreamDestroy)) == "cuStreamDestroy_v2");
+static_assert(std::string_view(GPUGUARD_EXPANDED_NAME(cuEventDestroy)) == "cuEventDestroy_v2");
+static_assert(std::string_view(GPUGUARD_EXPANDED_NAME(cuStreamQuery)) == "cuStreamQuery");
+static_assert(std::string_view(GPUGUARD_EXPANDED_NAME(cuStreamSynchronize)) == "cuStreamSynchronize");
+static_assert(std::string_view(GPUGUARD_EXPANDED_NAME(cuEventRecord)) == "cuEventRecord");

@@ -12,12 +12,27 @@
 // the first instance offered -- while "CUDA will not enumerate non-MIG GPU if any compute instance is
 // enumerated". cuDeviceGetUuid_v2 returns the instance's UUID ("If the device is in MIG mode, returns its MIG
 // UUID", CUDA driver API), the legacy cuDeviceGetUuid the parent GPU's; the PCI bus id is the parent's.
+//
+// Streams and events, as the GPU runs them: work is enqueued and the call returns; it completes later, in
+// order per stream, and the host learns of it at a query (cuStreamQuery, cuEventQuery) or blocks for it at a
+// synchronisation (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize, a synchronous copy). There are no
+// kernels: a work item is a poll function (gpuguardFakeStreamEnqueue, below), which the fake NCCL uses for its
+// collectives. A background thread keeps polling pending items, as a GPU runs without the host looking.
+#include <pthread.h>
+
 #include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -34,6 +49,8 @@ enum : int {
   kInvalidDevice = 101,
   kInvalidContext = 201,
   kPeerAccessUnsupported = 217,
+  kInvalidHandle = 400,
+  kNotReady = 600,
   kPeerAccessAlreadyEnabled = 704,
   kUnknown = 999,
 };
@@ -45,7 +62,6 @@ struct State {
   gpuguard_fake::Topology topology;
   std::vector<int> visible;  // visible ordinal -> topology index (a MIG instance: its parent GPU's)
   std::vector<const gpuguard_fake::FakeGpu*> visible_devices;  // visible ordinal -> the GPU or MIG instance
-  std::vector<int> current;  // per-thread would be truer; one current device per process is enough here
 };
 
 State& state() {
@@ -171,7 +187,158 @@ std::vector<Allocation*>& allocations() {
 }
 void* context_for(int device) { return reinterpret_cast<void*>(static_cast<uintptr_t>(device + 1)); }
 int device_of_context(void* ctx) { return static_cast<int>(reinterpret_cast<uintptr_t>(ctx)) - 1; }
-int current_device = -1;
+// The current context is per thread, as in the real driver: a thread that never set one has none.
+thread_local int current_device = -1;
+
+// ---- streams and events -------------------------------------------------------------------------------------
+
+using PollFn = int (*)(void* ctx);
+using ReleaseFn = void (*)(void* ctx);
+
+struct WorkItem {
+  unsigned long long seq;
+  PollFn poll;
+  void* ctx;
+  ReleaseFn release;
+};
+
+struct Stream {
+  int device = 0;
+  unsigned int flags = 0;     // CU_STREAM_NON_BLOCKING = 1
+  bool destroyed = false;     // cuStreamDestroy'ed: dropped once its work is done, as the driver does
+  std::deque<WorkItem> pending;
+  unsigned long long enqueued = 0;   // seq of the last item enqueued
+  unsigned long long completed = 0;  // seq of the last item completed (items complete in order)
+  bool polling = false;              // a thread is calling the front item's poll, outside the lock
+};
+
+struct Event {
+  int device = 0;
+  std::shared_ptr<Stream> stream;  // null until recorded: an unrecorded event counts as complete
+  unsigned long long target = 0;   // complete once stream->completed reaches it
+};
+
+struct Streams {
+  std::mutex mutex;
+  std::condition_variable changed;  // an item completed, or one was enqueued
+  std::vector<std::shared_ptr<Stream>> all;            // every stream with a device: legacy, live, draining
+  std::map<Stream*, std::shared_ptr<Stream>> handles;  // streams the caller may still name
+  std::map<int, std::shared_ptr<Stream>> legacy;       // device -> its legacy default stream
+  std::map<Event*, std::unique_ptr<Event>> events;
+  bool progress_started = false;
+};
+
+Streams* g_streams = nullptr;
+
+// After fork() the child has no progress thread, and maybe a mutex held by a thread it does not have. The real
+// driver cannot be used in a forked child at all; here the child simply starts over without streams.
+void reset_streams_in_child() { g_streams = new Streams(); }
+
+Streams& streams() {
+  static const bool registered = [] {
+    g_streams = new Streams();  // never destroyed: the progress thread may outlive static destructors
+    pthread_atfork(nullptr, nullptr, reset_streams_in_child);
+    return true;
+  }();
+  (void)registered;
+  return *g_streams;
+}
+
+// Handles 0, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name the current context's default stream.
+int resolve_stream(Streams& ss, void* handle, std::shared_ptr<Stream>& out) {
+  auto value = reinterpret_cast<uintptr_t>(handle);
+  if (value <= 2) {
+    if (current_device < 0) return kInvalidContext;
+    auto& legacy = ss.legacy[current_device];
+    if (!legacy) {
+      legacy = std::make_shared<Stream>();
+      legacy->device = current_device;
+      ss.all.push_back(legacy);
+    }
+    out = legacy;
+    return kSuccess;
+  }
+  auto it = ss.handles.find(static_cast<Stream*>(handle));
+  if (it == ss.handles.end()) return kInvalidHandle;
+  out = it->second;
+  return kSuccess;
+}
+
+// Polls the stream's front items, in order, until one is not done. The poll runs outside the lock (it may be
+// slow, or call back into the driver); `lock` holds ss.mutex on entry and on return.
+void advance(Streams& ss, Stream& s, std::unique_lock<std::mutex>& lock) {
+  while (!s.pending.empty() && !s.polling) {
+    WorkItem item = s.pending.front();
+    s.polling = true;
+    lock.unlock();
+    bool done = item.poll(item.ctx) != 0;
+    if (done && item.release != nullptr) item.release(item.ctx);
+    lock.lock();
+    s.polling = false;
+    if (!done) break;
+    s.pending.pop_front();
+    s.completed = item.seq;
+    ss.changed.notify_all();
+  }
+}
+
+// The GPU: polls every stream with pending work, about every millisecond, whoever is looking.
+void progress_loop(Streams* ss) {
+  std::unique_lock<std::mutex> lock(ss->mutex);
+  for (;;) {
+    std::vector<std::shared_ptr<Stream>> busy;
+    for (auto& s : ss->all) {
+      if (!s->pending.empty()) busy.push_back(s);
+    }
+    if (busy.empty()) {
+      ss->changed.wait(lock);
+      continue;
+    }
+    for (auto& s : busy) advance(*ss, *s, lock);
+    // destroyed streams leave once drained
+    for (size_t i = 0; i < ss->all.size();) {
+      if (ss->all[i]->destroyed && ss->all[i]->pending.empty()) {
+        ss->all.erase(ss->all.begin() + static_cast<long>(i));
+      } else {
+        ++i;
+      }
+    }
+    ss->changed.wait_for(lock, std::chrono::milliseconds(1));
+  }
+}
+
+void start_progress(Streams& ss) {
+  if (ss.progress_started) return;
+  ss.progress_started = true;
+  std::thread(progress_loop, &ss).detach();
+}
+
+// Blocks until `s` has completed everything up to `target` (forever, for work that never completes: the real
+// driver has no timeout either).
+void wait_for(Streams& ss, const std::shared_ptr<Stream>& s, unsigned long long target,
+              std::unique_lock<std::mutex>& lock) {
+  for (;;) {
+    advance(ss, *s, lock);
+    if (s->completed >= target) return;
+    ss.changed.wait_for(lock, std::chrono::milliseconds(2));
+  }
+}
+
+// Waits for the current context's streams: all of them (cuCtxSynchronize), or, for a synchronous copy, those
+// that synchronise with the legacy default stream (every stream not created CU_STREAM_NON_BLOCKING).
+int synchronize_context(bool blocking_streams_only) {
+  if (current_device < 0) return kInvalidContext;
+  Streams& ss = streams();
+  std::unique_lock<std::mutex> lock(ss.mutex);
+  std::vector<std::pair<std::shared_ptr<Stream>, unsigned long long>> targets;
+  for (auto& s : ss.all) {
+    if (s->device != current_device) continue;
+    if (blocking_streams_only && (s->flags & 1u) != 0) continue;
+    targets.emplace_back(s, s->enqueued);
+  }
+  for (auto& [s, target] : targets) wait_for(ss, s, target, lock);
+  return kSuccess;
+}
 
 }  // namespace
 
@@ -188,6 +355,8 @@ __attribute__((visibility("default"))) int cuGetErrorName(int error, const char*
     case kInvalidContext: *name = "CUDA_ERROR_INVALID_CONTEXT"; return kSuccess;
     case kPeerAccessUnsupported: *name = "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"; return kSuccess;
     case kPeerAccessAlreadyEnabled: *name = "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"; return kSuccess;
+    case kInvalidHandle: *name = "CUDA_ERROR_INVALID_HANDLE"; return kSuccess;
+    case kNotReady: *name = "CUDA_ERROR_NOT_READY"; return kSuccess;
     case kUnknown: *name = "CUDA_ERROR_UNKNOWN"; return kSuccess;
     default: *name = nullptr; return kInvalidValue;
   }
@@ -204,6 +373,8 @@ __attribute__((visibility("default"))) int cuGetErrorString(int error, const cha
     case kInvalidContext: *text = "invalid device context"; return kSuccess;
     case kPeerAccessUnsupported: *text = "peer access is not supported between these two devices"; return kSuccess;
     case kPeerAccessAlreadyEnabled: *text = "peer access is already enabled"; return kSuccess;
+    case kInvalidHandle: *text = "invalid resource handle"; return kSuccess;
+    case kNotReady: *text = "device not ready"; return kSuccess;
     case kUnknown: *text = "unknown error"; return kSuccess;
     default: *text = nullptr; return kInvalidValue;
   }
@@ -349,6 +520,10 @@ __attribute__((visibility("default"))) int cuDevicePrimaryCtxRetain(void** conte
 __attribute__((visibility("default"))) int cuDevicePrimaryCtxRelease_v2(int device) { return check_device(device); }
 
 __attribute__((visibility("default"))) int cuCtxSetCurrent(void* context) {
+  if (context == nullptr) {  // unbinds the thread's context, as the driver does
+    current_device = -1;
+    return kSuccess;
+  }
   int device = device_of_context(context);
   int rc = check_device(device);
   if (rc != kSuccess) return kInvalidContext;
@@ -359,6 +534,7 @@ __attribute__((visibility("default"))) int cuCtxSetCurrent(void* context) {
 // Which device the current context belongs to: the fake NCCL asks this, as real NCCL asks the runtime.
 __attribute__((visibility("default"))) int cuCtxGetCurrent(void** context) {
   if (context == nullptr) return kInvalidValue;
+  if (!state().initialized) return kNotInitialized;  // as the real driver answers before cuInit
   *context = current_device < 0 ? nullptr : context_for(current_device);
   return kSuccess;
 }
@@ -370,9 +546,8 @@ __attribute__((visibility("default"))) int cuCtxGetDevice(int* device) {
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int cuCtxSynchronize() {
-  return current_device < 0 ? kInvalidContext : kSuccess;
-}
+// Blocks until every stream of the current context has finished what was enqueued before the call.
+__attribute__((visibility("default"))) int cuCtxSynchronize() { return synchronize_context(false); }
 
 __attribute__((visibility("default"))) int cuCtxEnablePeerAccess(void* peer_context, unsigned int flags) {
   if (current_device < 0 || flags != 0) return current_device < 0 ? kInvalidContext : kInvalidValue;
@@ -413,14 +588,18 @@ __attribute__((visibility("default"))) int cuMemFree_v2(unsigned long long point
   return kInvalidValue;
 }
 
+// The synchronous copies run on the legacy default stream: they wait for the work enqueued before them on every
+// stream that synchronises with it (a copy to the host is where a program blocks on a hung kernel).
 __attribute__((visibility("default"))) int cuMemcpyHtoD_v2(unsigned long long dst, const void* src, size_t bytes) {
   if (find_allocation(dst, bytes) == nullptr || src == nullptr) return kInvalidValue;
+  if (current_device >= 0) synchronize_context(true);
   std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
   return kSuccess;
 }
 
 __attribute__((visibility("default"))) int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t bytes) {
   if (find_allocation(src, bytes) == nullptr || dst == nullptr) return kInvalidValue;
+  if (current_device >= 0) synchronize_context(true);
   std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
   return kSuccess;
 }
@@ -434,6 +613,140 @@ __attribute__((visibility("default"))) int cuMemcpyPeer(unsigned long long dst, 
   // A topology with broken peer writes (ACS/IOMMU) reports success and delivers nothing, as the hardware does.
   if (state().topology.peer_copy_drops_writes && d->device != s->device) return kSuccess;
   std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+  return kSuccess;
+}
+
+// ---- streams and events (see the top of this file) ----------------------------------------------------------
+
+__attribute__((visibility("default"))) int cuStreamCreate(void** stream, unsigned int flags) {
+  if (stream == nullptr || flags > 1) return kInvalidValue;
+  if (current_device < 0) return kInvalidContext;
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mutex);
+  auto s = std::make_shared<Stream>();
+  s->device = current_device;
+  s->flags = flags;
+  ss.all.push_back(s);
+  ss.handles[s.get()] = s;
+  *stream = s.get();
+  return kSuccess;
+}
+
+// Like the driver, returns at once; work still pending on the stream completes, then the stream goes.
+__attribute__((visibility("default"))) int cuStreamDestroy_v2(void* stream) {
+  if (reinterpret_cast<uintptr_t>(stream) <= 2) return kInvalidHandle;
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mutex);
+  auto it = ss.handles.find(static_cast<Stream*>(stream));
+  if (it == ss.handles.end()) return kInvalidHandle;
+  it->second->destroyed = true;
+  if (it->second->pending.empty()) {
+    for (size_t i = 0; i < ss.all.size(); ++i) {
+      if (ss.all[i] == it->second) {
+        ss.all.erase(ss.all.begin() + static_cast<long>(i));
+        break;
+      }
+    }
+  }
+  ss.handles.erase(it);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int cuStreamQuery(void* stream) {
+  Streams& ss = streams();
+  std::unique_lock<std::mutex> lock(ss.mutex);
+  std::shared_ptr<Stream> s;
+  int rc = resolve_stream(ss, stream, s);
+  if (rc != kSuccess) return rc;
+  advance(ss, *s, lock);
+  return s->pending.empty() ? kSuccess : kNotReady;
+}
+
+__attribute__((visibility("default"))) int cuStreamSynchronize(void* stream) {
+  Streams& ss = streams();
+  std::unique_lock<std::mutex> lock(ss.mutex);
+  std::shared_ptr<Stream> s;
+  int rc = resolve_stream(ss, stream, s);
+  if (rc != kSuccess) return rc;
+  wait_for(ss, s, s->enqueued, lock);
+  return kSuccess;
+}
+
+#ifndef GPUGUARD_FAKE_CUDA_WITHOUT_EVENTS  // libgpuguard_fake_cuda_without_events.so: a driver lacking them
+__attribute__((visibility("default"))) int cuEventCreate(void** event, unsigned int flags) {
+  if (event == nullptr || flags > 7) return kInvalidValue;
+  if (current_device < 0) return kInvalidContext;
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mutex);
+  auto e = std::make_unique<Event>();
+  e->device = current_device;
+  *event = e.get();
+  ss.events[e.get()] = std::move(e);
+  return kSuccess;
+}
+
+// The event completes once everything enqueued on the stream before it has.
+__attribute__((visibility("default"))) int cuEventRecord(void* event, void* stream) {
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mutex);
+  auto it = ss.events.find(static_cast<Event*>(event));
+  if (it == ss.events.end()) return kInvalidHandle;
+  std::shared_ptr<Stream> s;
+  int rc = resolve_stream(ss, stream, s);
+  if (rc != kSuccess) return rc;
+  if (s->device != it->second->device) return kInvalidHandle;  // event and stream of different contexts
+  it->second->stream = s;
+  it->second->target = s->enqueued;
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int cuEventQuery(void* event) {
+  Streams& ss = streams();
+  std::unique_lock<std::mutex> lock(ss.mutex);
+  auto it = ss.events.find(static_cast<Event*>(event));
+  if (it == ss.events.end()) return kInvalidHandle;
+  std::shared_ptr<Stream> s = it->second->stream;
+  unsigned long long target = it->second->target;
+  if (!s) return kSuccess;
+  if (s->completed < target) advance(ss, *s, lock);
+  return s->completed >= target ? kSuccess : kNotReady;
+}
+
+__attribute__((visibility("default"))) int cuEventSynchronize(void* event) {
+  Streams& ss = streams();
+  std::unique_lock<std::mutex> lock(ss.mutex);
+  auto it = ss.events.find(static_cast<Event*>(event));
+  if (it == ss.events.end()) return kInvalidHandle;
+  std::shared_ptr<Stream> s = it->second->stream;
+  if (s) wait_for(ss, s, it->second->target, lock);
+  return kSuccess;
+}
+
+__attribute__((visibility("default"))) int cuEventDestroy_v2(void* event) {
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mutex);
+  return ss.events.erase(static_cast<Event*>(event)) == 1 ? kSuccess : kInvalidHandle;
+}
+
+#endif  // GPUGUARD_FAKE_CUDA_WITHOUT_EVENTS
+
+// Not a driver entry point: the fake's stand-in for a kernel launch. Enqueues on `stream` (0: the current
+// context's legacy default stream) a work item that is complete once poll(ctx) returns 1; poll is called
+// from any thread, one call at a time, only once every item enqueued before it on the stream is complete, and
+// never again after it returned 1. release(ctx), if given, is called once, after the last poll. Returns a
+// CUresult (CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE for a bad stream). The fake NCCL finds it
+// with dlsym.
+__attribute__((visibility("default"))) int gpuguardFakeStreamEnqueue(void* stream, PollFn poll, void* ctx,
+                                                                     ReleaseFn release) {
+  if (poll == nullptr) return kInvalidValue;
+  Streams& ss = streams();
+  std::lock_guard<std::mutex> lock(ss.mutex);
+  std::shared_ptr<Stream> s;
+  int rc = resolve_stream(ss, stream, s);
+  if (rc != kSuccess) return rc;
+  s->pending.push_back(WorkItem{++s->enqueued, poll, ctx, release});
+  start_progress(ss);
+  ss.changed.notify_all();
   return kSuccess;
 }
 

@@ -5,15 +5,22 @@
 // unique id ($GPUGUARD_FAKE_NCCL_DIR/<id>, default /tmp/gpuguard-fake-nccl-<uid>/<id>). Each rank writes its
 // device there at init, and, like NCCL, a rank fails with ncclInvalidUsage and "Duplicate GPU detected : rank
 // A and rank B both on CUDA device <bus id>" when another rank on its host uses the same PCI bus id.
-// All-reduce really sums the ranks' buffers (the fake driver's device memory is host memory).
+// All-reduce really sums the ranks' buffers (the fake driver's device memory is host memory). Like NCCL,
+// ncclAllReduce only enqueues the collective on the caller's stream and returns (blocking and non-blocking
+// communicators alike): the exchange and the sum happen later, in a work item the fake driver polls
+// (gpuguardFakeStreamEnqueue), and the caller learns of completion at a host sync or an event query.
+// ncclCommGetAsyncError reports the communicator (its non-blocking init, asynchronous errors), never a
+// collective's progress.
 // Behaviours (topology "nccl.behavior"): ok; duplicate (ranks 0 and 1 report a duplicate GPU as if they
-// shared rank 0's device); hang (init never completes); hang_unless_p2p_disabled (the first all-reduce never
-// completes unless NCCL_P2P_DISABLE=1). A communicator that never completes stays ncclInProgress until
-// ncclCommAbort, which is what real NCCL does in non-blocking mode.
+// shared rank 0's device); hang (init never completes); hang_unless_p2p_disabled (all-reduces are enqueued but
+// never complete unless NCCL_P2P_DISABLE=1); hang_all_reduce (no all-reduce ever completes). A communicator
+// whose init never completes stays ncclInProgress until ncclCommAbort, which is what real NCCL does in
+// non-blocking mode; ncclCommAbort also ends the collectives in flight, as it makes NCCL's kernels exit.
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -21,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -55,33 +63,56 @@ struct ConfigV21400 {
   int blocking;
 };
 
+// What outlives the communicator: the collectives in flight report their errors here, after an abort too.
+struct CommErrors {
+  std::atomic<int> async_error{ncclSuccess};
+  std::string last_error;  // guarded by g_mutex
+};
+
+// One all-reduce enqueued on a stream: the fake driver polls it as the GPU would run its kernel. It copies what
+// it needs of the communicator, which the caller may abort or destroy while it is in flight.
+struct AllReduceOp {
+  std::string dir;
+  int rank = 0;
+  int nranks = 1;
+  int seq = 0;
+  bool hangs = false;  // the topology's behaviour: this all-reduce never completes
+  const float* send = nullptr;
+  float* recv = nullptr;
+  size_t count = 0;
+  bool contributed = false;  // this rank's buffer was published to the others
+  std::atomic<bool> aborted{false};
+  std::shared_ptr<CommErrors> errors;
+};
+
 struct Comm {
   std::string dir;
   int rank = 0;
   int nranks = 1;
   bool blocking = true;
-  int state = ncclInProgress;
+  int state = ncclInProgress;  // init: ncclInProgress until every rank is there, then ncclSuccess or an error
   bool initialised = false;
   std::string behavior;
+  bool p2p_disabled = false;  // NCCL_P2P_DISABLE=1 at init, which is when NCCL reads it
   std::string bus_id;
   std::string uuid;
   unsigned long long host_hash = 0;
-  std::string last_error;
-  // the all-reduce in flight
-  bool reduce_pending = false;
+  std::shared_ptr<CommErrors> errors = std::make_shared<CommErrors>();
   int reduce_seq = 0;
-  float* recv = nullptr;
-  size_t count = 0;
+  std::vector<std::shared_ptr<AllReduceOp>> in_flight;  // for ncclCommAbort
 };
 
-std::mutex g_mutex;
-std::string g_last_error;
+// Leaked: a collective may still be polled by the fake driver's thread while the process exits.
+std::mutex& g_mutex = *new std::mutex();
+std::string& g_last_error = *new std::string();
 
-void set_error(Comm* comm, const std::string& text) {
+// ncclGetLastError's text: the process's last, and the communicator's (null: none yet).
+void set_last_error(CommErrors* errors, const std::string& text) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_last_error = text;
-  if (comm != nullptr) comm->last_error = text;
+  if (errors != nullptr) errors->last_error = text;
 }
+void set_error(Comm* comm, const std::string& text) { set_last_error(comm->errors.get(), text); }
 
 std::string base_dir() {
   const char* env = std::getenv("GPUGUARD_FAKE_NCCL_DIR");
@@ -127,16 +158,20 @@ unsigned long long host_hash() {
   return h;
 }
 
-// The device of the current context, asked of the fake driver as real NCCL asks the CUDA runtime.
-bool current_device(std::string& uuid, std::string& bus_id, std::string& why) {
+// The driver gpuguard (or the test) loaded: the one $GPUGUARD_LIBCUDA names, already in the process.
+void* driver_library(std::string& why) {
   const char* path = std::getenv("GPUGUARD_LIBCUDA");
   if (path == nullptr) path = "libcuda.so.1";
   void* lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
   if (lib == nullptr) lib = dlopen(path, RTLD_NOW);
-  if (lib == nullptr) {
-    why = std::string("Cuda failure: cannot load ") + path;
-    return false;
-  }
+  if (lib == nullptr) why = std::string("Cuda failure: cannot load ") + path;
+  return lib;
+}
+
+// The device of the current context, asked of the fake driver as real NCCL asks the CUDA runtime.
+bool current_device(std::string& uuid, std::string& bus_id, std::string& why) {
+  void* lib = driver_library(why);
+  if (lib == nullptr) return false;
   using GetDevice = int (*)(int*);
   using GetUuid = int (*)(unsigned char*, int);
   using GetBus = int (*)(char*, int, int);
@@ -173,8 +208,8 @@ std::string bus_id_number(const std::string& bus) {
 }
 
 std::string peer_path(const Comm& c, int rank) { return c.dir + "/peer." + std::to_string(rank); }
-std::string reduce_path(const Comm& c, int seq, int rank) {
-  return c.dir + "/allreduce" + std::to_string(seq) + "." + std::to_string(rank);
+std::string reduce_path(const std::string& dir, int seq, int rank) {
+  return dir + "/allreduce" + std::to_string(seq) + "." + std::to_string(rank);
 }
 
 void progress_init(Comm& c) {
@@ -210,41 +245,59 @@ void progress_init(Comm& c) {
   c.state = ncclSuccess;
 }
 
-void progress_reduce(Comm& c) {
-  if (c.behavior == "hang_all_reduce") return;  // a fabric fault that disabling P2P does not cure
-  if (c.behavior == "hang_unless_p2p_disabled") {
-    const char* p2p = std::getenv("NCCL_P2P_DISABLE");
-    if (p2p == nullptr || std::string(p2p) != "1") return;
-  }
-  std::vector<float> sum(c.count, 0.0f);
-  for (int r = 0; r < c.nranks; ++r) {
-    std::string data;
-    if (!read_file(reduce_path(c, c.reduce_seq, r), data)) return;
-    if (data.size() != c.count * sizeof(float)) {
-      set_error(&c, "fake NCCL: rank " + std::to_string(r) + " reduced a different element count");
-      c.state = ncclInvalidUsage;
-      c.reduce_pending = false;
-      return;
+// The all-reduce's "kernel", polled by the fake driver once everything before it on the stream is done: it
+// publishes this rank's buffer as it is now, then completes once every rank's is there. Returns 1 when done.
+int poll_all_reduce(void* ctx) {
+  auto& op = **static_cast<std::shared_ptr<AllReduceOp>*>(ctx);
+  if (op.aborted) return 1;  // ncclCommAbort makes the kernel exit
+  if (op.hangs) return 0;
+  if (!op.contributed) {
+    std::string data(reinterpret_cast<const char*>(op.send), op.count * sizeof(float));
+    if (!write_atomically(reduce_path(op.dir, op.seq, op.rank), data)) {
+      set_last_error(op.errors.get(), "fake NCCL: cannot write to " + op.dir);
+      op.errors->async_error = ncclSystemError;
+      return 1;
     }
-    for (size_t i = 0; i < c.count; ++i) {
+    op.contributed = true;
+  }
+  std::vector<float> sum(op.count, 0.0f);
+  for (int r = 0; r < op.nranks; ++r) {
+    std::string data;
+    if (!read_file(reduce_path(op.dir, op.seq, r), data)) return 0;  // a peer's kernel has not started yet
+    if (data.size() != op.count * sizeof(float)) {
+      set_last_error(op.errors.get(), "fake NCCL: rank " + std::to_string(r) + " reduced a different element count");
+      op.errors->async_error = ncclInvalidUsage;
+      return 1;
+    }
+    for (size_t i = 0; i < op.count; ++i) {
       float v;
       std::memcpy(&v, data.data() + i * sizeof(float), sizeof(float));
       sum[i] += v;
     }
   }
-  std::memcpy(c.recv, sum.data(), c.count * sizeof(float));
-  c.reduce_pending = false;
-  ++c.reduce_seq;
-  c.state = ncclSuccess;
+  std::memcpy(op.recv, sum.data(), op.count * sizeof(float));
+  return 1;
 }
 
-void progress(Comm& c) {
-  if (c.state != ncclInProgress) return;
-  if (!c.initialised) {
-    progress_init(c);
-  } else if (c.reduce_pending) {
-    progress_reduce(c);
+void release_all_reduce(void* ctx) { delete static_cast<std::shared_ptr<AllReduceOp>*>(ctx); }
+
+// The fake driver's work-item entry point (tests/fakes/fake_cuda.cc).
+using StreamEnqueue = int (*)(void* stream, int (*poll)(void*), void* ctx, void (*release)(void*));
+StreamEnqueue stream_enqueue(std::string& why) {
+  void* lib = driver_library(why);
+  if (lib == nullptr) return nullptr;
+  auto enqueue = reinterpret_cast<StreamEnqueue>(dlsym(lib, "gpuguardFakeStreamEnqueue"));
+  if (enqueue == nullptr) {
+    why = "fake NCCL: the CUDA driver does not export gpuguardFakeStreamEnqueue (the fake NCCL needs the fake "
+          "driver: set GPUGUARD_LIBCUDA to libgpuguard_fake_cuda.so)";
   }
+  return enqueue;
+}
+
+// Init only: the collectives never change the communicator's state, except by an asynchronous error.
+void progress(Comm& c) {
+  if (c.state == ncclInProgress && !c.initialised) progress_init(c);
+  if (c.state == ncclSuccess && c.errors->async_error != ncclSuccess) c.state = c.errors->async_error;
 }
 
 int finish(Comm& c) {
@@ -286,7 +339,7 @@ __attribute__((visibility("default"))) const char* ncclGetErrorString(int result
 __attribute__((visibility("default"))) const char* ncclGetLastError(Comm* comm) {
   static thread_local std::string copy;
   std::lock_guard<std::mutex> lock(g_mutex);
-  copy = comm != nullptr ? comm->last_error : g_last_error;
+  copy = comm != nullptr ? comm->errors->last_error : g_last_error;
   return copy.c_str();
 }
 
@@ -312,15 +365,15 @@ __attribute__((visibility("default"))) int ncclCommInitRankConfig(Comm** out, in
   if (out == nullptr) return ncclInvalidArgument;
   *out = nullptr;
   if (config != nullptr && config->magic != 0xcafebeef) {
-    set_error(nullptr, "ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER");
+    set_last_error(nullptr, "ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER");
     return ncclInvalidArgument;
   }
   if (nranks < 1 || rank < 0 || rank >= nranks) {
-    set_error(nullptr, "Invalid rank requested : " + std::to_string(rank) + "/" + std::to_string(nranks));
+    set_last_error(nullptr, "Invalid rank requested : " + std::to_string(rank) + "/" + std::to_string(nranks));
     return ncclInvalidArgument;
   }
   if (std::strncmp(id.internal, kIdMagic, std::strlen(kIdMagic)) != 0) {
-    set_error(nullptr, "fake NCCL: the unique id was not made by ncclGetUniqueId");
+    set_last_error(nullptr, "fake NCCL: the unique id was not made by ncclGetUniqueId");
     return ncclInvalidArgument;
   }
   auto* c = new Comm();
@@ -328,6 +381,8 @@ __attribute__((visibility("default"))) int ncclCommInitRankConfig(Comm** out, in
   c->nranks = nranks;
   c->blocking = config == nullptr || config->blocking != 0;
   c->behavior = topology_or_default().nccl_behavior;
+  const char* p2p = std::getenv("NCCL_P2P_DISABLE");
+  c->p2p_disabled = p2p != nullptr && std::string(p2p) == "1";
   c->host_hash = host_hash();
   std::string why;
   if (!current_device(c->uuid, c->bus_id, why)) {
@@ -355,6 +410,11 @@ __attribute__((visibility("default"))) int ncclCommInitRankConfig(Comm** out, in
   return c->blocking ? rc : (rc == ncclSuccess ? ncclSuccess : ncclInProgress);
 }
 
+// The blocking init PyNccl-style users call (nccl.h: "implicitly synchronizes with other ranks").
+__attribute__((visibility("default"))) int ncclCommInitRank(Comm** out, int nranks, UniqueId id, int rank) {
+  return ncclCommInitRankConfig(out, nranks, id, rank, nullptr);
+}
+
 __attribute__((visibility("default"))) int ncclCommGetAsyncError(Comm* comm, int* state) {
   if (comm == nullptr || state == nullptr) return ncclInvalidArgument;
   progress(*comm);
@@ -362,9 +422,11 @@ __attribute__((visibility("default"))) int ncclCommGetAsyncError(Comm* comm, int
   return ncclSuccess;
 }
 
+// Enqueues the all-reduce on `stream` (null: the legacy default stream of the current context) and returns.
 __attribute__((visibility("default"))) int ncclAllReduce(const void* send, void* recv, size_t count, int datatype,
-                                                         int op, Comm* comm, void* /*stream*/) {
+                                                         int op, Comm* comm, void* stream) {
   if (comm == nullptr || send == nullptr || recv == nullptr) return ncclInvalidArgument;
+  progress(*comm);
   if (!comm->initialised || comm->state != ncclSuccess) {
     set_error(comm, "fake NCCL: all-reduce on a communicator that is not ready");
     return ncclInvalidUsage;
@@ -373,20 +435,45 @@ __attribute__((visibility("default"))) int ncclAllReduce(const void* send, void*
     set_error(comm, "fake NCCL: only float32 sums are implemented");
     return ncclInvalidArgument;
   }
-  std::string data(static_cast<const char*>(send), count * sizeof(float));
-  if (!write_atomically(reduce_path(*comm, comm->reduce_seq, comm->rank), data)) {
-    set_error(comm, "fake NCCL: cannot write to " + comm->dir);
-    return ncclSystemError;
+  std::string why;
+  StreamEnqueue enqueue = stream_enqueue(why);
+  if (enqueue == nullptr) {
+    set_error(comm, why);
+    return ncclUnhandledCudaError;
   }
-  comm->reduce_pending = true;
-  comm->recv = static_cast<float*>(recv);
-  comm->count = count;
-  comm->state = ncclInProgress;
-  int rc = finish(*comm);
-  return comm->blocking ? rc : (rc == ncclSuccess ? ncclSuccess : ncclInProgress);
+  auto item = std::make_shared<AllReduceOp>();
+  item->dir = comm->dir;
+  item->rank = comm->rank;
+  item->nranks = comm->nranks;
+  item->seq = comm->reduce_seq;
+  item->hangs = comm->behavior == "hang_all_reduce" ||  // a fabric fault that disabling P2P does not cure
+                (comm->behavior == "hang_unless_p2p_disabled" && !comm->p2p_disabled);
+  item->send = static_cast<const float*>(send);
+  item->recv = static_cast<float*>(recv);
+  item->count = count;
+  item->errors = comm->errors;
+  auto* ctx = new std::shared_ptr<AllReduceOp>(item);
+  int rc = enqueue(stream, poll_all_reduce, ctx, release_all_reduce);
+  if (rc != 0) {
+    delete ctx;
+    set_error(comm, "Cuda failure " + std::to_string(rc) + " enqueueing the all-reduce on stream " +
+                        std::to_string(reinterpret_cast<std::uintptr_t>(stream)));
+    return ncclUnhandledCudaError;
+  }
+  ++comm->reduce_seq;
+  // forget the collectives that finished; keep those in flight for ncclCommAbort
+  std::vector<std::shared_ptr<AllReduceOp>> still;
+  for (auto& p : comm->in_flight) {
+    if (p.use_count() > 1) still.push_back(p);  // the driver still holds it
+  }
+  still.push_back(item);
+  comm->in_flight = std::move(still);
+  return ncclSuccess;
 }
 
 __attribute__((visibility("default"))) int ncclCommAbort(Comm* comm) {
+  if (comm == nullptr) return ncclSuccess;
+  for (auto& item : comm->in_flight) item->aborted = true;
   delete comm;
   return ncclSuccess;
 }

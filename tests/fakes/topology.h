@@ -28,7 +28,7 @@ struct Topology {
   std::vector<std::vector<bool>> peer_access;  // [i][j]: cuDeviceCanAccessPeer(i, j)
   bool peer_copy_drops_writes = false;         // capability says yes, but peer writes are lost (ACS/IOMMU)
   int nccl_version = 22809;
-  std::string nccl_behavior = "ok";            // ok | duplicate | hang | hang_unless_p2p_disabled
+  std::string nccl_behavior = "ok";  // ok | duplicate | hang | hang_unless_p2p_disabled | hang_all_reduce
 };
 
 // Reads $GPUGUARD_FAKE_TOPOLOGY. Throws std::runtime_error naming the file and the problem.

@@ -129,7 +129,9 @@ def test_broken_peer_access_dropped_writes_and_nccl_cured_by_disabling_p2p(fake_
     # NCCL hangs with P2P and completes without: the cure, recommended with its cost
     runs = doc["nccl"]["runs"]
     assert [(r["p2p_disabled"], r["verdict"]) for r in runs] == [(False, "timed out"), (True, "ok")]
-    assert runs[0]["problem"] == "2 of 2 ranks did not finish within 3 s (rank 0 was at ncclAllReduce)"
+    # as on a GPU, ncclAllReduce returned once enqueued: the hang shows where the host waits for its kernel
+    assert runs[0]["problem"] == "2 of 2 ranks did not finish within 3 s (rank 0 was at synchronize)"
+    assert "the all-reduce did not finish on the GPU within 3 s" in runs[0]["ranks"][0]["error"]["message"]
     cure = found["nccl_hangs_with_p2p"]
     assert cure["severity"] == "error"
     assert "completes with NCCL_P2P_DISABLE=1: peer-to-peer is broken on this machine" in cure["message"]
