@@ -2,16 +2,19 @@
 #include "gpuguard/stall_report.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace gpuguard {
 namespace {
 
-constexpr std::string_view kMagic = "gpuguard-stall-state 1";
+constexpr std::string_view kMagic = "gpuguard-stall-state 2";
 constexpr std::size_t kMaxGroups = 64;
 constexpr std::size_t kMaxReportedStack = 16 * 1024;
 
@@ -133,6 +136,99 @@ std::string format_ranks(std::vector<int> ranks) {
   return out;
 }
 
+namespace {
+
+// '  File "/path/train.py", line 12 in step' -> {"/path/train.py", "12", "step"}; nullopt for another line.
+std::optional<std::array<std::string, 3>> frame_of(const std::string& line) {
+  auto file = line.find("File \"");
+  if (file == std::string::npos) return std::nullopt;
+  auto close = line.find("\", line ", file + 6);
+  if (close == std::string::npos) return std::nullopt;
+  std::string rest = line.substr(close + 8);  // "12 in step"
+  auto in_at = rest.find(" in ");
+  return std::array<std::string, 3>{line.substr(file + 6, close - file - 6), rest.substr(0, in_at),
+                                    in_at == std::string::npos ? "" : rest.substr(in_at + 4)};
+}
+
+std::string frame_text(const std::array<std::string, 3>& f) {
+  return f[0] + ":" + f[1] + (f[2].empty() ? "" : " in " + f[2]);
+}
+
+// A frame in an installed library or the standard library rather than in the job's own code.
+bool library_frame(const std::string& path) {
+  return path.find("/site-packages/") != std::string::npos || path.find("/dist-packages/") != std::string::npos ||
+         path.find("/lib/python3") != std::string::npos;
+}
+
+}  // namespace
+
+std::string cpu_wait_site(const std::string& stack, const std::string& thread) {
+  unsigned long long wanted = 0;
+  bool by_id = !thread.empty() && parse_number(std::string_view(thread), wanted);
+  // the chosen thread's frames, innermost first
+  std::vector<std::array<std::string, 3>> frames;
+  std::istringstream in(stack);
+  std::string line;
+  bool in_block = false;
+  while (std::getline(in, line)) {
+    auto header = line.find("hread 0x");  // "Thread 0x..." or "Current thread 0x..."
+    if (header != std::string::npos && line.find("(most recent call first)") != std::string::npos) {
+      if (!frames.empty()) break;
+      unsigned long long id = std::strtoull(line.c_str() + header + 6, nullptr, 16);
+      in_block = by_id ? id == wanted : true;
+      continue;
+    }
+    if (!in_block) continue;
+    auto frame = frame_of(line);
+    if (!frame) continue;
+    if (frames.empty() && !by_id && (*frame)[0].find("gpuguard/watchdog/") != std::string::npos) {
+      in_block = false;  // our own helper thread
+      continue;
+    }
+    frames.push_back(std::move(*frame));
+  }
+  if (frames.empty()) return by_id ? cpu_wait_site(stack, "") : "";
+  // Where the CPU is, and, when that is in a library or a helper module, the line of the job's own code that
+  // called it: the deepest frame in the file the thread started in (the script), else the first frame outside
+  // installed libraries.
+  const auto& innermost = frames.front();
+  const std::string& script = frames.back()[0];
+  if (innermost[0] == script) return frame_text(innermost);
+  if (!library_frame(script)) {
+    for (const auto& f : frames)
+      if (f[0] == script) return frame_text(innermost) + ", called from " + frame_text(f);
+  }
+  if (!library_frame(innermost[0])) return frame_text(innermost);
+  for (const auto& f : frames)
+    if (!library_frame(f[0])) return frame_text(innermost) + ", called from " + frame_text(f);
+  return frame_text(innermost);
+}
+
+std::string without_threads_in(const std::string& stack, std::string_view path_part) {
+  std::string out, block;
+  bool first_frame = false, drop = false;
+  auto flush = [&] {
+    if (!drop) out += block;
+    block.clear();
+    drop = false;
+  };
+  std::istringstream in(stack);
+  std::string line;
+  while (std::getline(in, line)) {
+    bool header = line.find("hread 0x") != std::string::npos && line.find("(most recent call first)") != std::string::npos;
+    if (header) {
+      flush();
+      first_frame = true;
+    } else if (first_frame && line.find("File \"") != std::string::npos) {
+      drop = line.find(path_part) != std::string::npos;
+      first_frame = false;
+    }
+    block += line + "\n";
+  }
+  flush();
+  return out;
+}
+
 std::string encode_state(const RankState& s) {
   std::string out(kMagic);
   out += "\nrank\t" + std::to_string(s.rank) + "\nhost\t" + clean(s.host) + "\npid\t" + std::to_string(s.pid) +
@@ -140,7 +236,7 @@ std::string encode_state(const RankState& s) {
   for (const auto& g : s.groups) {
     out += "group\t" + clean(g.name) + "\t" + clean(g.desc) + "\t" + std::to_string(g.entered) + "\t" +
            std::to_string(g.completed) + "\t" + clean(g.op) + "\t" + clean(g.sizes) + "\t" + clean(g.site) + "\t" +
-           std::to_string(static_cast<long long>(std::llround(g.waited_s * 1000))) + "\n";
+           std::to_string(static_cast<long long>(std::llround(g.waited_s * 1000))) + "\t" + clean(g.thread) + "\n";
   }
   out += "stack\n";
   std::size_t room = kMaxStateBytes - std::min(kMaxStateBytes, out.size() + 1);
@@ -176,7 +272,7 @@ std::optional<RankState> decode_state(std::string_view bytes) {
       if (!parse_number(f[1], s.pid)) return std::nullopt;
     } else if (f[0] == "gpu" && f.size() == 2) {
       s.gpu = std::string(f[1]);
-    } else if (f[0] == "group" && f.size() == 9) {
+    } else if (f[0] == "group" && f.size() == 10) {
       if (s.groups.size() >= kMaxGroups) return std::nullopt;
       GroupProgress g;
       long long waited_ms = 0;
@@ -188,6 +284,7 @@ std::optional<RankState> decode_state(std::string_view bytes) {
       g.sizes = std::string(f[6]);
       g.site = std::string(f[7]);
       g.waited_s = static_cast<double>(waited_ms) / 1000;
+      g.thread = std::string(f[9]);
       s.groups.push_back(std::move(g));
     } else {
       return std::nullopt;
@@ -206,7 +303,8 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
   std::vector<int> gone, behind, waiting, past;
   std::vector<std::string> gone_lines, behind_lines;
   std::map<std::pair<std::string, std::string>, At> at_seq;  // (op, sizes) -> who called it as #seq
-  std::string first_stack, waiting_stack;
+  std::string first_stack, waiting_stack, issued_at;
+  std::vector<std::pair<int, std::string>> cpu_at;  // each answering rank's CPU, where it is now
   double waited = 0;
   for (std::size_t i = 0; i < subject.ranks.size(); ++i) {
     int rank = subject.ranks[i];
@@ -221,6 +319,7 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
     }
     const GroupProgress* g = find_group(*st, subject.group);
     std::uint64_t entered = g ? g->entered : 0, completed = g ? g->completed : 0;
+    cpu_at.emplace_back(rank, cpu_wait_site(st->stack, g && entered >= subject.seq ? g->thread : ""));
     if (entered < subject.seq) {
       behind.push_back(rank);
       std::string line = who(*st) + " never entered " + subject.op + " #" + std::to_string(subject.seq) +
@@ -232,7 +331,9 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
         if (other.name != subject.group && other.entered > other.completed)
           line += "; it is waiting in " + call(other.op, other.entered, other.sizes, other.site) + " on group '" +
                   other.desc + "' for " + seconds(other.waited_s) + " s";
-      line += ". rank " + std::to_string(rank) + " is at:\n" + indent(st->stack);
+      std::string now_at = cpu_at.back().second;
+      line += ". rank " + std::to_string(rank) + " is at " + (now_at.empty() ? std::string("(no stack)") : now_at) +
+              ":\n" + indent(st->stack);
       behind_lines.push_back(line);
       if (first_stack.empty()) first_stack = st->stack;
     } else if (entered == subject.seq && completed < subject.seq) {
@@ -245,6 +346,7 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
       at.ranks.push_back(rank);
       if (at.stack.empty()) at.stack = st->stack;
       if (waiting_stack.empty()) waiting_stack = st->stack;
+      if (issued_at.empty()) issued_at = g->site;
     } else {
       past.push_back(rank);
     }
@@ -252,6 +354,19 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
 
   std::string where = subject.op + " #" + std::to_string(subject.seq) + " on group '" + subject.desc + "' (ranks " +
                       format_ranks(subject.ranks) + ")";
+  if (issued_at.empty()) issued_at = subject.site;
+  // Both places of the ranks in the collective: where it was issued, and where their CPU waits now.
+  auto both_places = [&]() {
+    std::string out = "\n  " + ranks_word(waiting) + " issued it" + (issued_at.empty() ? "" : " at " + issued_at);
+    std::string waits;
+    for (const auto& [rank, at] : cpu_at) {
+      if (at.empty() || std::find(waiting.begin(), waiting.end(), rank) == waiting.end()) continue;
+      waits += std::string(waits.empty() ? "" : ", ") + "rank " + std::to_string(rank) + " at " + at;
+      if (waits.size() > 600) break;
+    }
+    if (!waits.empty()) out += "; their CPU waits now: " + waits;
+    return out + ".";
+  };
   std::string kind, message, stack;
   std::vector<int> stuck;
   if (!gone.empty()) {
@@ -262,7 +377,7 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
     for (const auto& l : gone_lines) message += "\n  " + l;
     if (!waiting.empty())
       message += "\n  " + ranks_word(waiting) + " " + have(waiting) + " waited in " + subject.op + " #" +
-                 std::to_string(subject.seq) + " for " + seconds(waited) + " s.";
+                 std::to_string(subject.seq) + " for " + seconds(waited) + " s." + both_places();
     message += "\n  Fix: look at the log and the host of the named rank (killed by the OOM killer, a crash, a "
                "lost node); the others will wait until the collective timeout.";
   } else if (at_seq.size() > 1) {
@@ -286,6 +401,7 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
     message = "gpuguard: collective stall: " + ranks_word(behind) + " never entered " + where + "; " +
               (waiting.empty() ? std::string("the others") : ranks_word(waiting)) + " " + have(waiting) +
               " waited in it for " + seconds(waited) + " s.";
+    if (!waiting.empty()) message += both_places();
     for (const auto& l : behind_lines) message += "\n  " + l;
     message += "\n  Fix: the stack above is where the rank is instead; a rank-dependent branch, a data loader "
                "or I/O stall, or a collective it skipped.";
@@ -297,18 +413,28 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
               seconds(waited) + " s: the collective itself is stuck, not a rank. This is the network between the "
               "ranks or GPU peer-to-peer: run `gpuguard doctor --p2p --nccl` on a node of this job, and try the "
               "job with NCCL_P2P_DISABLE=1 (doctor says whether that cures it).";
+    message += both_places();
     stack = waiting_stack;
   }
   if (!past.empty())
     message += "\n  (" + ranks_word(past) + " already completed #" + std::to_string(subject.seq) + ")";
+  if (!subject.source.empty()) message += "\n  (" + subject.source + ")";
 
   std::ostringstream json;
   json << "{\"gpuguard_stall\": {\"kind\": " << json_string(kind) << ", \"group\": " << json_string(subject.desc)
-       << ", \"group_name\": " << json_string(subject.group) << ", \"group_ranks\": " << json_ranks(subject.ranks)
+       << ", \"group_name\": " << json_string(subject.group.substr(0, subject.group.rfind('@')))
+       << ", \"group_ranks\": " << json_ranks(subject.ranks)
        << ", \"seq\": " << subject.seq << ", \"op\": " << json_string(subject.op)
        << ", \"sizes\": " << json_string(subject.sizes) << ", \"stuck_ranks\": " << json_ranks(stuck)
        << ", \"waiting_ranks\": " << json_ranks(waiting) << ", \"gone_ranks\": " << json_ranks(gone)
-       << ", \"waited_s\": " << seconds(waited) << ", \"stack\": " << json_string(stack.substr(0, kMaxReportedStack))
+       << ", \"waited_s\": " << seconds(waited) << ", \"issued_at\": " << json_string(issued_at)
+       << ", \"source\": " << json_string(subject.source) << ", \"cpu_at\": {";
+  bool first_cpu = true;
+  for (const auto& [rank, at] : cpu_at) {
+    json << (first_cpu ? "" : ", ") << "\"" << rank << "\": " << json_string(at);
+    first_cpu = false;
+  }
+  json << "}, \"stack\": " << json_string(stack.substr(0, kMaxReportedStack))
        << ", \"message\": " << json_string(message) << "}}";
   return {kind, message, json.str()};
 }

@@ -18,8 +18,9 @@ struct GroupProgress {
   std::uint64_t completed = 0;  // sequence number of the last collective completed
   std::string op;               // of the last entered collective, e.g. ALL_REDUCE
   std::string sizes;            // e.g. float32[4]
-  std::string site;             // Python call site, file:line
+  std::string site;             // where it was issued: a Python call site (file:line) or the framework that issued it
   double waited_s = 0;          // how long it has been in the entered collective (0 when completed)
+  std::string thread;           // the issuing thread (pthread id, decimal): its stack is where the CPU waits
 };
 
 // What one rank publishes when an alarm is raised; also its hello record (no groups, no stack) at start.
@@ -46,6 +47,7 @@ struct StallSubject {
   std::vector<int> ranks;       // the group's global ranks
   std::uint64_t seq = 0;
   std::string op, sizes, site;
+  std::string source;           // where the progress came from, as the report states it
 };
 
 struct StallReport {
@@ -63,5 +65,14 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
 
 // "0-4, 6, 7"
 std::string format_ranks(std::vector<int> ranks);
+
+// Where a thread's CPU is now: the innermost frame of `thread` (decimal pthread id; "" = the first thread whose
+// innermost frame is not gpuguard's own) in a stack dump as faulthandler writes it, as "file:line in function".
+// "" when the dump has no such thread.
+std::string cpu_wait_site(const std::string& stack, const std::string& thread);
+
+// The stack dump without the threads whose innermost frame is in a file whose path contains `path_part` (the
+// watchdog's own helper thread, which is no part of the job).
+std::string without_threads_in(const std::string& stack, std::string_view path_part);
 
 }  // namespace gpuguard

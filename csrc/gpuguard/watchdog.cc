@@ -7,6 +7,7 @@
 #include "gpuguard/watchdog.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -55,7 +56,7 @@ Watchdog::Watchdog(WatchdogOptions options, StackDumper dump_stack)
     // store calls throw (value_or_throw): run() handles a failing tick as an exception
     store_ = value_or_throw(
         TcpStoreClient::connect(options_.store_host, options_.store_port, TcpStoreClient::kDefaultTimeout));
-    value_or_throw(store_->set(key("hello/" + std::to_string(options_.rank)), encode_state(snapshot(false))));
+    value_or_throw(store_->set(key("hello/" + std::to_string(options_.rank)), encode_state(snapshot(false, "", 0))));
     store_ops_ += 1;
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot reach the job's store at " + options_.store_host + ":" +
@@ -69,19 +70,70 @@ Watchdog::~Watchdog() { stop(); }
 void Watchdog::stop() {
   stopping_ = true;
   wake_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(site_mutex_);
+  }
+  site_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
-int Watchdog::add_group(std::string name, std::string desc, std::vector<int> ranks) {
+// ---- progress: the groups, as the caller reports them and as the flight recorder counts them ----------------
+
+void Watchdog::describe_group(const std::string& name, std::string desc, std::vector<int> ranks) {
   std::lock_guard<std::mutex> lock(mutex_);
+  auto& info = group_info_[name];
+  info.desc = std::move(desc);
+  info.ranks = std::move(ranks);
+  for (auto& g : groups_) {
+    if (g.name != name) continue;
+    g.desc = info.desc;
+    g.ranks = info.ranks;
+  }
+}
+
+int Watchdog::add_group(std::string name, std::string desc, std::vector<int> ranks, std::string label) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string key = name + "@calls";
   for (std::size_t i = 0; i < groups_.size(); ++i)
-    if (groups_[i].name == name) return static_cast<int>(i);
+    if (groups_[i].key == key) return static_cast<int>(i);
+  group_info_[name] = GroupInfo{desc, ranks};
   Group g;
+  g.key = std::move(key);
   g.name = std::move(name);
   g.desc = std::move(desc);
   g.ranks = std::move(ranks);
+  g.label = std::move(label);
   groups_.push_back(std::move(g));
   return static_cast<int>(groups_.size() - 1);
+}
+
+Watchdog::Group& Watchdog::recorded_group_locked(const std::string& source, const std::string& name) {
+  std::string key = name + "@" + source;
+  for (auto& g : groups_)
+    if (g.key == key) return g;
+  Group g;
+  g.key = std::move(key);
+  g.name = name;
+  g.recorder = source;
+  if (auto info = group_info_.find(name); info != group_info_.end()) {
+    g.desc = info->second.desc;
+    g.ranks = info->second.ranks;
+  }
+  groups_.push_back(std::move(g));
+  return groups_.back();
+}
+
+// After `completed` or `entered` changed: the collectives completed out of order that now follow on, the longest
+// wait, and since when the next one is awaited.
+void Watchdog::advance_locked(Group& g, Clock::time_point now) {
+  std::uint64_t before = g.completed;
+  while (!g.done_ahead.empty() && *g.done_ahead.begin() <= g.completed + 1) {
+    g.completed = std::max(g.completed, *g.done_ahead.begin());
+    g.done_ahead.erase(g.done_ahead.begin());
+  }
+  if (g.completed != before)
+    g.longest_wait_s = std::max(g.longest_wait_s, std::chrono::duration<double>(now - g.waiting_since).count());
+  if (g.completed != before && g.entered > g.completed) g.waiting_since = now;
 }
 
 std::uint64_t Watchdog::enter(int group, std::string op, std::string sizes, std::string site) {
@@ -92,20 +144,110 @@ std::uint64_t Watchdog::enter(int group, std::string op, std::string sizes, std:
   if (g.entered > 0)
     g.longest_gap_s = std::max(g.longest_gap_s, std::chrono::duration<double>(now - g.last_entry).count());
   g.entered += 1;
-  g.entered_at = g.last_entry = now;
+  g.last_entry = now;
+  if (g.entered == g.completed + 1) g.waiting_since = now;
   g.op = std::move(op);
   g.sizes = std::move(sizes);
   g.site = std::move(site);
+  g.thread = std::to_string(static_cast<unsigned long long>(::pthread_self()));
   return g.entered;
 }
 
-void Watchdog::exit(int group) {
+void Watchdog::complete(int group, std::uint64_t seq) {
   auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   if (group < 0 || static_cast<std::size_t>(group) >= groups_.size()) throw std::out_of_range("no such group");
   Group& g = groups_[static_cast<std::size_t>(group)];
-  g.completed = g.entered;
-  g.longest_wait_s = std::max(g.longest_wait_s, std::chrono::duration<double>(now - g.entered_at).count());
+  if (seq > g.completed && seq <= g.entered) g.done_ahead.insert(seq);
+  advance_locked(g, now);
+}
+
+void Watchdog::exit(int group) {
+  std::uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (group < 0 || static_cast<std::size_t>(group) >= groups_.size()) throw std::out_of_range("no such group");
+    seq = groups_[static_cast<std::size_t>(group)].entered;
+  }
+  complete(group, seq);
+}
+
+void Watchdog::exit_later(int group, std::uint64_t seq, CompletionCheck done) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (group < 0 || static_cast<std::size_t>(group) >= groups_.size()) throw std::out_of_range("no such group");
+  groups_[static_cast<std::size_t>(group)].pending.emplace_back(seq, std::move(done));
+}
+
+// The completion checks, polled in order per group (a stream completes in order), outside the lock: a driver
+// call must never hold up a training thread's enter().
+void Watchdog::poll_pending() {
+  for (std::size_t i = 0;; ++i) {
+    std::uint64_t seq = 0;
+    CompletionCheck check;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (i >= groups_.size()) return;
+      if (groups_[i].pending.empty()) continue;
+      seq = groups_[i].pending.front().first;
+      check = groups_[i].pending.front().second;
+    }
+    while (check) {
+      auto done = check();
+      if (!done) {
+        write_all(2, "gpuguard.watch: rank " + std::to_string(options_.rank) + ": cannot tell whether collective #" +
+                         std::to_string(seq) + " completed (" + done.error().message() + "); counting it as completed\n");
+      } else if (!done.value()) {
+        break;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      Group& g = groups_[i];
+      g.pending.pop_front();
+      if (seq > g.completed && seq <= g.entered) g.done_ahead.insert(seq);
+      advance_locked(g, Clock::now());
+      check = nullptr;
+      if (!g.pending.empty()) {
+        seq = g.pending.front().first;
+        check = g.pending.front().second;
+      }
+    }
+  }
+}
+
+// One status read per recorder source and tick: microseconds, no GIL, the recorder's lock held only to copy the
+// groups' counters.
+void Watchdog::refresh_recorder() {
+  if (!options_.read_recorder) return;
+  for (const auto& source : options_.recorder_sources) {
+    auto text = options_.read_recorder(source, false);
+    auto dump = text ? parse_flight_recorder_dump(text.value()) : Result<FlightRecorderDump>(text.error());
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!dump) {
+      std::string error = dump.error().message();
+      if (error != recorder_error_)
+        write_all(2, "gpuguard.watch: rank " + std::to_string(options_.rank) + ": cannot read torch's flight "
+                     "recorder (" + source + "): " + error + "; its collectives go unwatched until it can\n");
+      recorder_error_ = error;
+      continue;
+    }
+    recorder_error_.clear();
+    auto now = Clock::now();
+    for (const auto& st : dump.value().groups) {
+      Group& g = recorded_group_locked(source, st.name);
+      auto enqueued = static_cast<std::uint64_t>(std::max<std::int64_t>(0, st.enqueued));
+      auto completed = static_cast<std::uint64_t>(std::max<std::int64_t>(0, st.completed));
+      bool was_waiting = g.entered > g.completed;
+      if (enqueued != g.entered) {
+        if (g.entered > 0)
+          g.longest_gap_s = std::max(g.longest_gap_s, std::chrono::duration<double>(now - g.last_entry).count());
+        g.last_entry = now;
+      }
+      if (completed != g.completed && was_waiting)
+        g.longest_wait_s = std::max(g.longest_wait_s, std::chrono::duration<double>(now - g.waiting_since).count());
+      if (enqueued > completed && (!was_waiting || completed != g.completed)) g.waiting_since = now;
+      g.entered = enqueued;
+      g.completed = completed;
+    }
+  }
 }
 
 double Watchdog::threshold_locked() const {
@@ -125,21 +267,90 @@ std::string Watchdog::last_report_json() const {
   return last_report_json_;
 }
 
-RankState Watchdog::snapshot(bool with_stack) {
+// ---- call sites of recorded collectives: asked of the Python side, never waited for long ------------------
+
+std::optional<SiteRequest> Watchdog::next_site_request() {
+  std::unique_lock<std::mutex> lock(site_mutex_);
+  site_wake_.wait(lock, [this] { return stopping_.load() || site_request_.has_value(); });
+  if (stopping_) return std::nullopt;
+  SiteRequest request = *site_request_;
+  site_request_.reset();
+  return request;
+}
+
+void Watchdog::answer_site(std::uint64_t id, std::string site) {
+  {
+    std::lock_guard<std::mutex> lock(site_mutex_);
+    site_answers_[id] = std::move(site);
+  }
+  site_wake_.notify_all();
+}
+
+std::string Watchdog::ask_site(const std::string& source, const std::string& group, std::int64_t seq) {
+  std::unique_lock<std::mutex> lock(site_mutex_);
+  std::uint64_t id = ++site_next_id_;
+  site_request_ = SiteRequest{id, source, group, seq};
+  site_wake_.notify_all();
+  // bounded inside the composer's gather time, so that a rank whose GIL is held elsewhere still answers in time
+  // (torch's first symbolisation of stack traces in a process takes about a second)
+  double wait_s = std::min(options_.site_wait_s, options_.gather_s * 0.8);
+  bool answered = site_wake_.wait_for(lock, std::chrono::duration<double>(wait_s), [&] {
+    return stopping_.load() || site_answers_.count(id) != 0;
+  });
+  if (!answered || stopping_) {
+    if (site_request_ && site_request_->id == id) site_request_.reset();
+    return "";
+  }
+  std::string site = std::move(site_answers_[id]);
+  site_answers_.erase(id);
+  return site;
+}
+
+RankState Watchdog::snapshot(bool with_stack, const std::string& subject_key, std::uint64_t subject_seq) {
   RankState s;
   s.rank = options_.rank;
   s.host = options_.host;
   s.pid = options_.pid;
   s.gpu = options_.gpu;
+  // At an alarm, the recorded collectives themselves: what each group's subject (or last) collective was.
+  std::map<std::pair<std::string, std::string>, std::map<std::int64_t, RecordedCollective>> recorded;
+  if (with_stack && options_.read_recorder) {
+    for (const auto& source : options_.recorder_sources) {
+      auto text = options_.read_recorder(source, true);
+      if (!text) continue;
+      auto dump = parse_flight_recorder_dump(text.value());
+      if (!dump) continue;
+      for (auto& c : dump.value().collectives)
+        if (!c.p2p) recorded[{source, c.group}][c.seq] = std::move(c);
+    }
+  }
+  std::vector<std::tuple<std::size_t, std::string, std::string, std::int64_t>> sites;  // (group, source, name, seq)
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& g : groups_) {
-      GroupProgress p{g.name, g.desc, g.entered, g.completed, g.op, g.sizes, g.site, 0};
-      if (g.entered > g.completed) p.waited_s = since(g.entered_at);
+      GroupProgress p{g.key, g.desc, g.entered, g.completed, g.op, g.sizes, g.site, 0, g.thread};
+      if (g.entered > g.completed) p.waited_s = since(g.waiting_since);
+      if (!g.recorder.empty()) {
+        std::uint64_t seq = g.key == subject_key && g.entered >= subject_seq ? subject_seq : g.entered;
+        auto found = recorded.find({g.recorder, g.name});
+        if (found != recorded.end()) {
+          auto c = found->second.find(static_cast<std::int64_t>(seq));
+          if (c != found->second.end()) {
+            p.op = c->second.op;
+            p.sizes = c->second.sizes;
+            p.thread = c->second.thread_id;
+            if (p.desc.empty()) p.desc = c->second.desc;
+          }
+        }
+        // only a rank that issued the stalled collective says where: the others' sites are not in the report
+        if (with_stack && g.key == subject_key && subject_seq > 0 && g.entered >= subject_seq)
+          sites.emplace_back(s.groups.size(), g.recorder, g.name, static_cast<std::int64_t>(subject_seq));
+      }
       s.groups.push_back(std::move(p));
     }
   }
-  if (with_stack && dump_stack_) s.stack = dump_stack_();
+  for (const auto& [index, source, name, seq] : sites) s.groups[index].site = ask_site(source, name, seq);
+  if (with_stack && dump_stack_) s.stack = without_threads_in(dump_stack_(), "gpuguard/watchdog/recorder.py");
   return s;
 }
 
@@ -167,6 +378,8 @@ void Watchdog::run() {
 }
 
 void Watchdog::tick() {
+  refresh_recorder();
+  poll_pending();
   auto& store = *store_;
   std::string alarm_key = key("alarm/" + std::to_string(epoch_));
   store_ops_ += 1;
@@ -178,8 +391,9 @@ void Watchdog::tick() {
       std::lock_guard<std::mutex> lock(mutex_);
       double threshold = threshold_locked();
       for (const auto& g : groups_) {
-        if (g.entered > g.completed && g.entered != g.reported_seq && since(g.entered_at) > threshold) {
-          mine = std::to_string(options_.rank) + "\t" + g.name + "\t" + std::to_string(g.entered);
+        // the oldest collective not completed: the one every rank of the group must reach first
+        if (g.entered > g.completed && g.completed + 1 != g.reported_seq && since(g.waiting_since) > threshold) {
+          mine = std::to_string(options_.rank) + "\t" + g.key + "\t" + std::to_string(g.completed + 1);
           break;
         }
       }
@@ -201,22 +415,32 @@ void Watchdog::tick() {
 void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::string& alarm) {
   auto& store = *store_;
   std::string e = "epoch/" + std::to_string(epoch) + "/";
-  RankState me = snapshot(true);
-
-  // The alarm names (raiser, group, seq); that collective is not raised again by any rank once reported.
+  // The alarm names (raiser, group key, seq); that collective is not raised again by any rank once reported.
   std::istringstream fields(alarm);
-  std::string raiser, group_name, seq_text;
+  std::string raiser, group_key, seq_text;
   std::getline(fields, raiser, '\t');
-  std::getline(fields, group_name, '\t');
+  std::getline(fields, group_key, '\t');
   std::getline(fields, seq_text, '\t');
+  std::uint64_t seq = std::strtoull(seq_text.c_str(), nullptr, 10);
+  RankState me = snapshot(true, group_key, seq);
   StallSubject subject;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& g : groups_) {
-      if (g.name != group_name) continue;
-      if (std::to_string(g.entered) == seq_text) g.reported_seq = g.entered;
-      subject = StallSubject{g.name, g.desc, g.ranks, g.entered, g.op, g.sizes, g.site};
+      if (g.key != group_key) continue;
+      g.reported_seq = seq;
+      subject = StallSubject{g.key, g.desc, g.ranks, seq, g.op, g.sizes, g.site,
+                             g.recorder.empty() ? options_.calls_note : options_.source_note};
+      if (subject.ranks.empty())
+        for (int r = 0; r < options_.world_size; ++r) subject.ranks.push_back(r);
     }
+  }
+  for (const auto& p : me.groups) {
+    if (p.name != group_key) continue;
+    subject.op = p.op;
+    subject.sizes = p.sizes;
+    subject.site = p.site;
+    if (subject.desc.empty()) subject.desc = p.desc;
   }
 
   store_ops_ += 2;
@@ -288,7 +512,8 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     });
     message = report.message;
     json = report.json;
-    store_ops_ += 2;
+    store_ops_ += 3;
+    value_or_throw(store.set(key(e + "answered"), std::to_string(arrived)));
     value_or_throw(store.set(key(e + "report/message"), message));
     value_or_throw(store.set(key(e + "report/json"), json));
   } else {
@@ -310,6 +535,22 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     message = value_or_throw(store.get(key(e + "report/message")));
   }
   deliver(message, json);
+  if (!options_.exit_on_stall) return;
+  // on_stall="raise": the first rank to exit makes the launcher kill the others, perhaps before they printed the
+  // report; so every rank counts itself delivered and waits (boundedly) for the others that answered to do so.
+  write_all(2, "[rank " + std::to_string(options_.rank) + "] gpuguard: on_stall='raise': ending this process "
+               "with exit code " + std::to_string(options_.exit_code) + "\n");
+  store_ops_ += 2;
+  std::int64_t expected = std::strtoll(value_or_throw(store.get(key(e + "answered"))).c_str(), nullptr, 10);
+  value_or_throw(store.add(key(e + "delivered"), 1));
+  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(options_.gather_s + 5));
+  while (Clock::now() < until && !stopping_) {
+    store_ops_ += 1;
+    if (value_or_throw(store.add(key(e + "delivered"), 0)) >= expected) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::_Exit(options_.exit_code);
 }
 
 void Watchdog::deliver(const std::string& message, const std::string& json) {
@@ -332,11 +573,6 @@ void Watchdog::deliver(const std::string& message, const std::string& json) {
   // The JSON also goes to the log, one line, so that `gpuguard explain` finds it in what the job printed.
   out += json + "\n";
   write_all(2, out);
-  if (options_.exit_on_stall) {
-    write_all(2, "[rank " + std::to_string(options_.rank) + "] gpuguard: on_stall='raise': ending this process "
-                 "with exit code " + std::to_string(options_.exit_code) + "\n");
-    std::_Exit(options_.exit_code);
-  }
 }
 
 }  // namespace gpuguard

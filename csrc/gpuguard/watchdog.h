@@ -1,18 +1,29 @@
 // The collective watchdog: a thread per rank, needing no Python, that notices a collective waiting too long and
 // has every rank of the job print one report naming the stuck rank, its collective and its stack.
+//
+// Progress comes from two places. Torch's flight recorder (read through FlightRecorderRead, no GIL) counts every
+// collective of a group whatever issued it, complete when torch says so. Collectives the recorder does not see
+// are reported by the caller: enter()/exit() around a call that completes when it returns, or exit_later() with a
+// completion check (a CUDA event recorded on the collective's stream) that the thread polls.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gpuguard/error.h"
+#include "gpuguard/flight_recorder.h"
 #include "gpuguard/stall_report.h"
 
 namespace gpuguard {
@@ -35,6 +46,22 @@ struct WatchdogOptions {
   std::string report_path;      // the JSON report, written on every rank ("" = none)
   bool exit_on_stall = false;   // on_stall="raise": end the process (exit_code) once the report is out
   int exit_code = 75;
+  FlightRecorderRead read_recorder;           // torch's flight recorder; empty: none
+  std::vector<std::string> recorder_sources;  // what to read of it: "gloo", "nccl", a hooked backend
+  std::string source_note;                    // how the recorder's progress is known, for the report
+  std::string calls_note;                     // how the caller-reported progress is known
+  double site_wait_s = 5;                     // how long a report waits for a recorded collective's call site
+};
+
+// A collective whose completion the watchdog's thread polls: true once complete (e.g. cuEventQuery).
+using CompletionCheck = std::function<Result<bool>()>;
+
+// A call site the watchdog needs for a recorded collective; answered by the Python side (which reads the flight
+// recorder's stack traces under the GIL) through next_site_request()/answer_site().
+struct SiteRequest {
+  std::uint64_t id = 0;
+  std::string source, group;
+  std::int64_t seq = 0;
 };
 
 // Every Python thread's stack, taken without the GIL (the binding provides it).
@@ -49,11 +76,22 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // A process group, registered once by the Python layer; returns its index for enter()/exit().
-  int add_group(std::string name, std::string desc, std::vector<int> ranks);
-  // The calling thread enters / leaves a collective on group `group` (cheap: one uncontended lock).
+  // What users call a group and its global ranks, by torch's group name (the flight recorder knows names only).
+  void describe_group(const std::string& name, std::string desc, std::vector<int> ranks);
+  // A group whose collectives the caller reports (enter/exit); returns its index. `label` says who reports them.
+  int add_group(std::string name, std::string desc, std::vector<int> ranks, std::string label = "");
+  // The calling thread enters a collective on group `group` (cheap: one uncontended lock); returns its sequence
+  // number. exit(): it completed when its call returned. exit_later(): it completes when `done` says so.
+  // complete(): collective `seq` completed (e.g. from a torch Future's callback).
   std::uint64_t enter(int group, std::string op, std::string sizes, std::string site);
   void exit(int group);
+  void exit_later(int group, std::uint64_t seq, CompletionCheck done);
+  void complete(int group, std::uint64_t seq);
+
+  // For the Python side's helper thread: blocks (call it without the GIL) until the watchdog needs the call site
+  // of a recorded collective, or until stop(): then nullopt.
+  std::optional<SiteRequest> next_site_request();
+  void answer_site(std::uint64_t id, std::string site);
 
   void stop();
   double stall_threshold_s() const;
@@ -62,22 +100,36 @@ class Watchdog {
   std::string last_report_json() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Group {
+    std::string key;                 // name@source: the same on every rank
     std::string name, desc;
     std::vector<int> ranks;
-    std::uint64_t entered = 0, completed = 0;
-    std::string op, sizes, site;
-    std::chrono::steady_clock::time_point entered_at{}, last_entry{};
+    std::string recorder;            // the flight recorder source that counts it; "" when the caller reports it
+    std::string label;               // who reports it, for the report ("w.collective()")
+    std::uint64_t entered = 0, completed = 0;  // completed: every collective up to it completed
+    std::string op, sizes, site, thread;       // of the last entered (reported by the caller)
+    Clock::time_point waiting_since{}, last_entry{};  // since when #completed+1 is awaited; the last entry seen
     double longest_wait_s = 0, longest_gap_s = 0;
     std::uint64_t reported_seq = 0;  // a stall of this seq was reported already
+    std::set<std::uint64_t> done_ahead;                         // completed out of order, beyond `completed`
+    std::deque<std::pair<std::uint64_t, CompletionCheck>> pending;  // completions the thread polls, in order
   };
-  using Clock = std::chrono::steady_clock;
+  struct GroupInfo {
+    std::string desc;
+    std::vector<int> ranks;
+  };
 
   void run();
   void tick();
+  void refresh_recorder();
+  void poll_pending();
   void handle_alarm(std::uint64_t epoch, bool composer, const std::string& alarm);
   double threshold_locked() const;
-  RankState snapshot(bool with_stack);
+  Group& recorded_group_locked(const std::string& source, const std::string& name);
+  void advance_locked(Group& g, Clock::time_point now);
+  RankState snapshot(bool with_stack, const std::string& subject_key, std::uint64_t subject_seq);
+  std::string ask_site(const std::string& source, const std::string& group, std::int64_t seq);
   std::string key(const std::string& k) const { return options_.prefix + k; }
   void deliver(const std::string& message, const std::string& json);
   bool sleep_for(double seconds);
@@ -87,6 +139,13 @@ class Watchdog {
   std::unique_ptr<TcpStoreClient> store_;  // used by the watchdog's thread only (after the constructor)
   mutable std::mutex mutex_;
   std::vector<Group> groups_;
+  std::map<std::string, GroupInfo> group_info_;
+  std::string recorder_error_;       // the last failed read of the flight recorder, reported once
+  std::mutex site_mutex_;
+  std::condition_variable site_wake_;
+  std::optional<SiteRequest> site_request_;
+  std::map<std::uint64_t, std::string> site_answers_;
+  std::uint64_t site_next_id_ = 0;
   std::uint64_t epoch_ = 0;
   std::string last_report_json_;
   std::atomic<std::uint64_t> store_ops_{0}, reports_{0};

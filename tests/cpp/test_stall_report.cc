@@ -13,13 +13,17 @@ RankState state(int rank, std::uint64_t entered, std::uint64_t completed, const 
   s.rank = rank;
   s.host = "node" + std::to_string(rank / 2);
   s.pid = 1000 + rank;
-  s.groups.push_back({"0", "dp", entered, completed, op, sizes, "train.py:" + std::to_string(40 + rank),
-                      entered > completed ? 74.4 : 0});
-  s.stack = "Thread 0x1 (most recent call first):\n  File \"train.py\", line 12 in step\n";
+  s.groups.push_back({"0@gloo", "dp", entered, completed, op, sizes, "train.py:" + std::to_string(40 + rank),
+                      entered > completed ? 74.4 : 0, "16"});
+  s.stack = "Thread 0x0000000000000011 (most recent call first):\n  File \"/x/gpuguard/watchdog/recorder.py\", "
+            "line 3 in _run\nThread 0x0000000000000010 (most recent call first):\n  File \"train.py\", line " +
+            std::to_string(12 + rank) + " in step\n  File \"train.py\", line 80 in <module>\n";
   return s;
 }
 
-gpuguard::StallSubject subject() { return {"0", "dp", {0, 1, 2, 3}, 5653, "ALL_REDUCE", "float32[4]", "train.py:40"}; }
+gpuguard::StallSubject subject() {
+  return {"0@gloo", "dp", {0, 1, 2, 3}, 5653, "ALL_REDUCE", "float32[4]", "train.py:40", "progress from the recorder"};
+}
 
 std::string silent(const RankState&) { return "its process is gone"; }
 
@@ -62,8 +66,41 @@ TEST(StallReport, ARankThatNeverEnteredIsNamedWithItsStack) {
   EXPECT_EQ(r.kind, "rank_behind");
   EXPECT_NE(r.message.find("rank 2 never entered ALL_REDUCE #5653 on group 'dp' (ranks 0-3); ranks 0, 1, 3 have "
                            "waited in it for 74 s."), std::string::npos) << r.message;
-  EXPECT_NE(r.message.find("File \"train.py\", line 12 in step"), std::string::npos);
+  EXPECT_NE(r.message.find("File \"train.py\", line 14 in step"), std::string::npos);
   EXPECT_NE(r.json.find("\"stuck_ranks\": [2]"), std::string::npos) << r.json;
+  // both places: where the others issued it and where their CPUs wait, and where rank 2 is instead
+  EXPECT_NE(r.message.find("ranks 0, 1, 3 issued it at train.py:40; their CPU waits now: rank 0 at train.py:12 in "
+                           "step, rank 1 at train.py:13 in step, rank 3 at train.py:15 in step."),
+            std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("rank 2 is at train.py:14 in step:"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("(progress from the recorder)"), std::string::npos) << r.message;
+  EXPECT_NE(r.json.find("\"group_name\": \"0\""), std::string::npos) << r.json;
+  EXPECT_NE(r.json.find("\"cpu_at\": {\"0\": \"train.py:12 in step\""), std::string::npos) << r.json;
+}
+
+TEST(StallReport, TheCpuWaitSiteIsTheIssuingThreadsInnermostFrame) {
+  std::string stack = "Thread 0x000000000000000a (most recent call first):\n  File \"a.py\", line 1 in f\n"
+                      "Current thread 0x000000000000000b (most recent call first):\n  File \"b.py\", line 2 in g\n";
+  EXPECT_EQ(gpuguard::cpu_wait_site(stack, "11"), "b.py:2 in g");
+  EXPECT_EQ(gpuguard::cpu_wait_site(stack, "10"), "a.py:1 in f");
+  EXPECT_EQ(gpuguard::cpu_wait_site(stack, "99"), "a.py:1 in f");  // unknown thread: the first one
+  EXPECT_EQ(gpuguard::cpu_wait_site("(no stack: Python 3.10)", ""), "");
+  // in torch: where, and the job's own line that called it
+  std::string in_torch = "Thread 0x000000000000000a (most recent call first):\n  File \"/v/lib/python3.11/site-packages/"
+                         "torch/autograd/graph.py\", line 1113 in _engine_run_backward\n  File \"/v/lib/python3.11/"
+                         "site-packages/torch/_tensor.py\", line 623 in backward\n  File \"/job/train.py\", line 61 in "
+                         "<module>\n";
+  EXPECT_EQ(gpuguard::cpu_wait_site(in_torch, "10"),
+            "/v/lib/python3.11/site-packages/torch/autograd/graph.py:1113 in _engine_run_backward, called from "
+            "/job/train.py:61 in <module>");
+}
+
+TEST(StallReport, TheWatchdogsOwnThreadIsLeftOutOfTheStack) {
+  std::string stack = "Thread 0x000000000000000a (most recent call first):\n  File \"/p/gpuguard/watchdog/recorder.py\", "
+                      "line 1 in _run\n  File \"threading.py\", line 9 in run\n\n"
+                      "Current thread 0x000000000000000b (most recent call first):\n  File \"b.py\", line 2 in g\n";
+  EXPECT_EQ(gpuguard::without_threads_in(stack, "gpuguard/watchdog/recorder.py"),
+            "Current thread 0x000000000000000b (most recent call first):\n  File \"b.py\", line 2 in g\n");
 }
 
 TEST(StallReport, EveryoneWaitingIsNoProgress) {

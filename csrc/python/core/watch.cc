@@ -11,6 +11,8 @@
 #include <Python.h>
 #include <pybind11/stl.h>
 
+#include "gpuguard/completion_event.h"
+#include "gpuguard/flight_recorder.h"
 #include "gpuguard/watchdog.h"
 
 namespace gpuguard::python {
@@ -58,14 +60,49 @@ std::string dump_python_stacks(PyInterpreterState* interp) {
 }  // namespace
 
 void bind_watchdog(py::module_& m) {
+  py::class_<SiteRequest>(m, "SiteRequest", "The watchdog asks where a recorded collective was issued.")
+      .def_readonly("id", &SiteRequest::id)
+      .def_readonly("source", &SiteRequest::source)
+      .def_readonly("group", &SiteRequest::group)
+      .def_readonly("seq", &SiteRequest::seq);
+
   py::class_<Watchdog>(m, "Watchdog",
                        "One rank's collective watchdog: a C++ thread that needs no GIL (see gpuguard.watch()).")
       .def(py::init([](std::string store_host, int store_port, std::string prefix, int rank, int world_size,
                        std::string host, long pid, std::string gpu, double stall_after_s, double min_stall_s,
-                       double tick_s, double gather_s, std::string report_path, bool exit_on_stall, int exit_code) {
-             WatchdogOptions o{std::move(store_host), store_port, std::move(prefix), rank, world_size,
-                               std::move(host), pid, std::move(gpu), stall_after_s, min_stall_s, tick_s, gather_s,
-                               std::move(report_path), exit_on_stall, exit_code};
+                       double tick_s, double gather_s, std::string report_path, bool exit_on_stall, int exit_code,
+                       py::object flight_recorder, std::vector<std::string> recorder_sources,
+                       std::string source_note, std::string calls_note, double site_wait_s) {
+             WatchdogOptions o;
+             o.store_host = std::move(store_host);
+             o.store_port = store_port;
+             o.prefix = std::move(prefix);
+             o.rank = rank;
+             o.world_size = world_size;
+             o.host = std::move(host);
+             o.pid = pid;
+             o.gpu = std::move(gpu);
+             o.stall_after_s = stall_after_s;
+             o.min_stall_s = min_stall_s;
+             o.tick_s = tick_s;
+             o.gather_s = gather_s;
+             o.report_path = std::move(report_path);
+             o.exit_on_stall = exit_on_stall;
+             o.exit_code = exit_code;
+             if (!flight_recorder.is_none()) {
+               auto* reader = static_cast<const gpuguard_flight_recorder_reader*>(
+                   PyCapsule_GetPointer(flight_recorder.ptr(), kFlightRecorderCapsuleName));
+               if (reader == nullptr) throw py::error_already_set();
+               if (reader->abi_version != kFlightRecorderReaderAbi)
+                 throw std::invalid_argument("the flight recorder reader speaks ABI " +
+                                             std::to_string(reader->abi_version) + ", gpuguard._core " +
+                                             std::to_string(kFlightRecorderReaderAbi) + ": reinstall gpuguard");
+               o.read_recorder = flight_recorder_read(reader);
+               o.recorder_sources = std::move(recorder_sources);
+             }
+             o.source_note = std::move(source_note);
+             o.calls_note = std::move(calls_note);
+             o.site_wait_s = site_wait_s;
              PyInterpreterState* interp = PyInterpreterState_Get();
              py::gil_scoped_release nogil;  // connecting may take a moment
              return std::make_unique<Watchdog>(std::move(o), [interp] { return dump_python_stacks(interp); });
@@ -73,15 +110,46 @@ void bind_watchdog(py::module_& m) {
            py::kw_only(), py::arg("store_host"), py::arg("store_port"), py::arg("prefix"), py::arg("rank"),
            py::arg("world_size"), py::arg("host"), py::arg("pid"), py::arg("gpu"), py::arg("stall_after_s"),
            py::arg("min_stall_s"), py::arg("tick_s"), py::arg("gather_s"), py::arg("report_path"),
-           py::arg("exit_on_stall"), py::arg("exit_code"))
-      .def("add_group", &Watchdog::add_group, py::arg("name"), py::arg("desc"), py::arg("ranks"))
+           py::arg("exit_on_stall"), py::arg("exit_code"), py::arg("flight_recorder") = py::none(),
+           py::arg("recorder_sources") = std::vector<std::string>{}, py::arg("source_note") = "",
+           py::arg("calls_note") = "", py::arg("site_wait_s") = 5.0)
+      .def("describe_group", &Watchdog::describe_group, py::arg("name"), py::arg("desc"), py::arg("ranks"))
+      .def("add_group", &Watchdog::add_group, py::arg("name"), py::arg("desc"), py::arg("ranks"),
+           py::arg("label") = "")
       .def("enter", &Watchdog::enter, py::arg("group"), py::arg("op"), py::arg("sizes"), py::arg("site"))
       .def("exit", &Watchdog::exit, py::arg("group"))
+      .def("complete", &Watchdog::complete, py::arg("group"), py::arg("seq"))
+      .def("exit_on_stream", [](Watchdog& dog, int group, std::uint64_t seq, std::uintptr_t stream) {
+             auto event = std::make_shared<CompletionEvent>(value_or_throw(CompletionEvent::record(stream)));
+             dog.exit_later(group, seq, [event] { return event->done(); });
+           }, py::arg("group"), py::arg("seq"), py::arg("stream"),
+           "Collective `seq` completes when the work queued on `stream` (a CUDA stream handle) so far has: a CUDA "
+           "event recorded there now, polled by the watchdog's thread.")
+      .def("next_site_request", &Watchdog::next_site_request, py::call_guard<py::gil_scoped_release>())
+      .def("answer_site", &Watchdog::answer_site, py::arg("id"), py::arg("site"))
       .def("stop", &Watchdog::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("stall_threshold_s", &Watchdog::stall_threshold_s)
       .def_property_readonly("store_ops", &Watchdog::store_ops)
       .def_property_readonly("reports", &Watchdog::reports)
       .def_property_readonly("last_report_json", &Watchdog::last_report_json);
+
+  m.def("read_flight_recorder", [](py::object flight_recorder, const std::string& source, bool include_collectives) {
+    auto* reader = static_cast<const gpuguard_flight_recorder_reader*>(
+        PyCapsule_GetPointer(flight_recorder.ptr(), kFlightRecorderCapsuleName));
+    if (reader == nullptr) throw py::error_already_set();
+    std::string text;
+    {
+      py::gil_scoped_release nogil;
+      auto read = flight_recorder_read(reader)(source, include_collectives);
+      if (!read) throw std::runtime_error(read.error().message());
+      auto dump = parse_flight_recorder_dump(read.value());
+      if (!dump) throw std::runtime_error(dump.error().message());
+      text = std::move(read).value();
+    }
+    return text;
+  }, py::arg("flight_recorder"), py::arg("source"), py::arg("include_collectives") = false,
+  "One read of torch's flight recorder as the watchdog makes it (no GIL): the JSON text, or RuntimeError naming why "
+  "it cannot be used (no such recorder, no per-group status).");
 
   m.def("dump_python_stacks", [] {
     PyInterpreterState* interp = PyInterpreterState_Get();
