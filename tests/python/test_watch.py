@@ -1,6 +1,8 @@
 """gpuguard.watch() under a real torchrun (4 ranks, gloo on the CPU): every rank prints one report naming the
-stuck rank, its collective and its stack, within the stall threshold + 15 s; the fake NCCL stands in for a hung
-or peer-blind NCCL. The worker is tests/python/watch_worker.py."""
+stuck rank, its collective, where it was issued and where each CPU waits, within the stall threshold + 15 s.
+Progress comes from torch's flight recorder (asynchronous collectives and DDP's own all-reduce included), or from
+the wrappers where it is not used; the fake NCCL, asynchronous like the real one, stands in for a hung or
+peer-blind NCCL. The worker is tests/python/watch_worker.py."""
 
 from __future__ import annotations
 
@@ -41,10 +43,11 @@ class Job:
     """One torchrun job (or one agent per rank, `agents=4`) running the worker, its output in files."""
 
     def __init__(self, scenario: str, tmp_path: Path, env: dict[str, str], agents: int = 1,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> None:
         self.dir = tmp_path / "reports"
         self.dir.mkdir()
-        env = scrubbed(dict(env, WATCH_DIR=str(self.dir), GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl")))
+        env = scrubbed(dict(env, WATCH_DIR=str(self.dir), GPUGUARD_WATCH_DIR=str(self.dir),
+                            GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl")))
         args = [str(WORKER), scenario, str(STALL_AFTER), *extra]
         self.logs = [tmp_path / f"agent{n}.log" for n in range(agents)]
         self.procs = []
@@ -57,7 +60,7 @@ class Job:
         for command, log in zip(commands, self.logs):
             with open(log, "w") as out:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "torch.distributed.run", *command, *args], env=env, stdout=out,
+                    [sys.executable, *prefix, "-m", "torch.distributed.run", *command, *args], env=env, stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT)))
 
     def reports(self) -> dict[int, dict]:
@@ -90,7 +93,21 @@ class Job:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        self.kill_workers()
         return "\n".join(log.read_text() for log in self.logs)
+
+    def kill_workers(self) -> None:
+        """torchrun starts each worker in a session of its own: a worker its killed agent leaves behind (a stopped
+        or hung rank) is found by this job's WATCH_DIR in its environment and killed too."""
+        marker = f"WATCH_DIR={self.dir}".encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
 
     def stall_start(self, name: str = "stall_start") -> float:
         return float((self.dir / name).read_text())
@@ -159,6 +176,93 @@ def test_rank_behind_sleeping_in_python_is_named_with_its_stack(fake_gpus, tmp_p
     assert "Rank 2 never entered ALL_REDUCE #5 on group 'default_pg'" in explained.stdout, explained.stdout
 
 
+RECORDER = "(progress from torch {}'s flight recorder (gloo): a collective is complete when torch says it completed)"
+
+
+def torch_version() -> str:
+    import torch
+    return torch.__version__.split("+")[0]
+
+
+@pytest.mark.slow
+def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_flight_recorder(fake_gpus, tmp_path):
+    # the shape of every NCCL collective: the call returns at once, the CPU waits later (here in work.wait())
+    job = Job("async_wait", tmp_path, fake_gpus.env("h100x4"))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end()
+    issued, waits = worker_line("# the async all-reduce"), worker_line("# the others' CPU waits here")
+    reports = check_on_every_rank(
+        job, output, {0, 1, 2, 3}, "rank_behind",
+        "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3); ranks 0, 1, 3 have waited in it",
+        f"ranks 0, 1, 3 issued it at {WORKER}:{issued}; their CPU waits now: rank 0 at {WORKER}:{waits} in <module>",
+        f"rank 2 is at {WORKER}:{worker_line('# rank 2 sleeps (async scenario)')} in <module>:",
+        RECORDER.format(torch_version()))
+    stall = reports[3]["gpuguard_stall"]
+    assert stall["issued_at"] == f"{WORKER}:{issued}" and stall["cpu_at"]["1"] == f"{WORKER}:{waits} in <module>"
+    for rank in range(4):
+        assert job.report_time(rank) - job.stall_start() <= STALL_AFTER + 15
+    assert "gpuguard-watch-sites" not in output and "recorder.py" not in stall["stack"], "our own thread is no news"
+
+
+@pytest.mark.slow
+def test_ddp_gradient_all_reduce_waiting_for_a_sleeping_rank_is_named_as_ddps(fake_gpus, tmp_path):
+    job = Job("ddp", tmp_path, fake_gpus.env("h100x4"))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end()
+    backward = worker_line("# DDP's reducer all-reduces the gradients in here")
+    reports = check_on_every_rank(
+        job, output, {0, 1, 2, 3}, "rank_behind", "rank 2 never entered ALL_REDUCE #",
+        f"ranks 0, 1, 3 issued it at {WORKER}:{backward} (the backward pass: DDP's gradient all-reduce, from its C++ "
+        f"reducer); their CPU waits now: rank 0 at ",
+        f"_engine_run_backward, called from {WORKER}:{backward} in <module>",
+        f"rank 2 is at {WORKER}:{worker_line('# rank 2 sleeps before its backward')} in <module>:")
+    assert reports[0]["gpuguard_stall"]["stuck_ranks"] == [2]
+    for rank in range(4):
+        assert job.report_time(rank) - job.stall_start() <= STALL_AFTER + 15
+
+
+@pytest.mark.slow
+def test_without_the_flight_recorder_the_wrappers_see_an_async_all_reduce_and_say_so(fake_gpus, tmp_path):
+    # what a torch without the recorder's group status gets (GPUGUARD_WATCH_SOURCE=wrappers forces it here)
+    job = Job("async_wait", tmp_path, fake_gpus.env("h100x4", GPUGUARD_WATCH_SOURCE="wrappers"))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end()
+    check_on_every_rank(
+        job, output, {0, 1, 2, 3}, "rank_behind",
+        "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3)",
+        f"ranks 0, 1, 3 issued it at {WORKER}:{worker_line('# the async all-reduce')};",
+        "(progress from gpuguard's wrappers of torch.distributed's collective functions and w.collective(): "
+        "complete when the call returned, when an async_op work completed, or when the CUDA event after a "
+        "w.collective(stream=...) did; torch's flight recorder is not used: GPUGUARD_WATCH_SOURCE=wrappers)")
+
+
+@pytest.mark.slow
+def test_gpuguard_run_with_gpuguard_watch_takes_the_same_path(fake_gpus, tmp_path):
+    from test_auto import auto_env
+    env = auto_env(fake_gpus.env("h100x4"), GPUGUARD_WATCH="1", GPUGUARD_STALL_AFTER=str(STALL_AFTER))
+    env.pop("GPUGUARD")  # `gpuguard run` sets it
+    job = Job("async_wait", tmp_path, env, prefix=("-m", "gpuguard", "run", "--", sys.executable))
+    job.wait_for_reports({0, 1, 2, 3})
+    output = job.end()
+    assert "+ a collective watchdog (GPUGUARD_WATCH)" in output, output[-3000:]
+    check_on_every_rank(
+        job, output, {0, 1, 2, 3}, "rank_behind",
+        "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3)",
+        f"ranks 0, 1, 3 issued it at {WORKER}:{worker_line('# the async all-reduce')};",
+        RECORDER.format(torch_version()))
+
+
+@pytest.mark.slow
+def test_healthy_ddp_loop_never_reports(fake_gpus, tmp_path):
+    job = Job("healthy_ddp", tmp_path, fake_gpus.env("h100x4"), extra=("300",))
+    output = job.end(timeout=300)
+    assert job.procs[0].returncode == 0, output[-4000:]
+    assert "collective stall" not in output
+    for rank in range(4):
+        assert f"rank {rank}: healthy_ddp done, 0 reports" in output
+    assert not job.reports()
+
+
 @pytest.mark.slow
 def test_rank_behind_blocked_in_c_holding_the_gil_is_named_with_its_stack(fake_gpus, tmp_path):
     job = Job("behind_gil", tmp_path, fake_gpus.env("h100x4"))
@@ -185,8 +289,9 @@ def test_desync_names_both_collectives(fake_gpus, tmp_path):
     reports = check_on_every_rank(
         job, output, {0, 1, 2, 3}, "desync",
         "desync on collective #5 of group 'default_pg' (ranks 0-3)",
-        f"ranks 0, 1, 3 called ALL_REDUCE #5 (float32[4]) at {WORKER}:{worker_line('# the all-reduce of the scenarios')}",
-        f"rank 2 called BROADCAST #5 (float32[4]) at {WORKER}:{worker_line('dist.broadcast(t, src=0)')}")
+        f"ranks 0, 1, 3 called ALL_REDUCE #5 (float32[4]) at "
+        f"{WORKER}:{worker_line('# the async all-reduce of the scenarios')}",
+        f"rank 2 called BROADCAST #5 (float32[4]) at {WORKER}:{worker_line('dist.broadcast(t, src=0')}")
     assert reports[1]["gpuguard_stall"]["stuck_ranks"] == [2]
 
 
@@ -215,13 +320,20 @@ def test_killed_rank_is_named_gone_with_its_host(fake_gpus, tmp_path):
 
 @pytest.mark.slow
 def test_everyone_in_a_hung_nccl_all_reduce_points_at_the_fabric(fake_gpus, tmp_path):
-    job = Job("nccl_hang", tmp_path, fake_gpus.env("h100x4_nccl_hang"))
+    # NCCL called directly (a PyNccl communicator), marked with w.collective(stream=...): the all-reduce returns
+    # at once, as on a GPU; the CUDA event the watchdog records after it never completes
+    job = Job("nccl_hang", tmp_path, fake_gpus.env("h100x4_nccl_hang_all_reduce"))
     job.wait_for_reports({0, 1, 2, 3})
     output = job.end(timeout=1)
     reports = check_on_every_rank(
         job, output, {0, 1, 2, 3}, "no_progress",
-        "every rank entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) and none completed it",
-        "run `gpuguard doctor --p2p --nccl`", "NCCL_P2P_DISABLE=1")
+        "every rank entered ALL_REDUCE #1 on group 'default_pg' (ranks 0-3) and none completed it",
+        "run `gpuguard doctor --p2p --nccl`", "NCCL_P2P_DISABLE=1",
+        f"ranks 0-3 issued it at {WORKER}:{worker_line('with w.collective(')}; their CPU waits now: rank 0 at ",
+        "fake_pynccl.py:", f", called from {WORKER}:{worker_line('# the CPU waits here, as in torch.cuda')} in "
+        "nccl_all_reduce",
+        "(progress from w.collective(): complete when its block ended, or when the CUDA event recorded on the "
+        "stream after a w.collective(stream=...) block did)")
     assert reports[0]["gpuguard_stall"]["waiting_ranks"] == [0, 1, 2, 3]
     assert job.report_time(0) - job.stall_start("stall_start.0") <= STALL_AFTER + 15
 
@@ -244,22 +356,28 @@ from gpuguard.watchdog import watcher
 server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
 binding = gpuguard.bind(watch=True)
 started_before_init = watcher._active is not None and watcher._active._dog is None
+wrapped_before_init = hasattr(dist.all_reduce, "__gpuguard_original__")
 dist.init_process_group("gloo", store=server, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
-dist.all_reduce(torch.ones(2))
 w = watcher._active
-print(json.dumps({"lazy": started_before_init, "threshold": w.stall_threshold_s, "ops": w.store_ops,
-                  "wrapped": dist.all_reduce is not w._wrapped._saved[0][2]}))
+started_at_init = w._dog is not None  # right after init_process_group, before any collective
+dist.all_reduce(torch.ones(2))
+print(json.dumps({"lazy": started_before_init, "wrapped_before": wrapped_before_init, "at_init": started_at_init,
+                  "threshold": w.stall_threshold_s, "ops": w.store_ops, "recorder": w.source.reader is not None,
+                  "wrapped_after": hasattr(dist.all_reduce, "__gpuguard_original__")}))
 w.stop()
-print(json.dumps({"restored": not hasattr(dist.all_reduce, "__gpuguard_original__")}))
+print(json.dumps({"restored": not hasattr(dist.all_reduce, "__gpuguard_original__")
+                  and not hasattr(dist.init_process_group, "__gpuguard_original__")}))
 """
 
 
-def test_bind_watch_starts_at_the_first_collective_with_the_adaptive_floor_and_stop_restores(fake_gpus):
+def test_bind_watch_starts_at_init_with_the_adaptive_floor_and_stop_restores(fake_gpus):
     proc = subprocess.run([sys.executable, "-c", WATCH_ONE_RANK], env=scrubbed(fake_gpus.env("h100x1")),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert first["lazy"] and first["wrapped"] and first["ops"] >= 1, first  # the hello record at least
+    assert first["lazy"] and first["wrapped_before"] and first["at_init"] and first["ops"] >= 1, first
+    # torch's flight recorder sees every collective: the wrappers are put back once it is read
+    assert first["recorder"] and not first["wrapped_after"], first
     assert first["threshold"] == 60.0  # adaptive: nothing seen yet, so the floor
     assert second == {"restored": True}
 

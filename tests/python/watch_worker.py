@@ -1,10 +1,16 @@
 """A torchrun worker for test_watch.py: 4 ranks on gloo under gpuguard.watch(), one stall scenario (argv[1]).
 
+`async_wait`: every step is `work = dist.all_reduce(t, async_op=True); work.wait()`, the shape of every NCCL
+collective (it returns once enqueued); rank 2 sleeps in Python before the 5th. `ddp`: a DistributedDataParallel
+loop, whose gradient all-reduce DDP's C++ reducer issues; rank 2 sleeps before step 4's backward. `healthy_ddp`
+runs argv[3] DDP steps and must never report.
+
 Rank 2 misbehaves before the 5th all-reduce: it sleeps in Python (behind_python), sleeps in a C call that holds
 the GIL (behind_gil), stops itself (stopped), dies (killed), calls broadcast instead (desync); `nccl_hang`
-runs every rank's 5th all-reduce through the fake NCCL, which hangs it (h100x4_broken_p2p); `killed` has ranks 0, 1, 3 wait for it in an all-reduce through the fake NCCL (gloo would name the dead peer
-itself, NCCL does not); `healthy` runs
-argv[3] steps and must never report.
+runs every rank's 5th all-reduce through the fake NCCL as a PyNccl user calls it (FakePyNccl), marked with
+w.collective(stream=...): it returns at once and never completes (h100x4_nccl_hang_all_reduce), and the CPU
+waits in synchronize(); `killed` has ranks 0, 1, 3 wait the same way for the dead rank 2 (gloo would name the
+dead peer itself, NCCL does not); `healthy` runs argv[3] steps and must never report.
 """
 
 import ctypes
@@ -23,7 +29,13 @@ scenario, stall_after = sys.argv[1], float(sys.argv[2])
 out = os.environ["WATCH_DIR"]
 dist.init_process_group("gloo", timeout=timedelta(seconds=300))
 rank = dist.get_rank()
-w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out, gather=3)
+if os.environ.get("GPUGUARD_WATCH") == "1":  # the zero-code path (`gpuguard run`, GPUGUARD_WATCH=1) started it
+    import gpuguard.auto
+    w = gpuguard.auto._watch
+    assert w is not None, "GPUGUARD_WATCH=1 started no watchdog"
+else:
+    w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out,
+                       gather=3)
 hold = stall_after + 25  # long enough for the report, then the job goes on and ends on its own
 t = torch.ones(4)
 
@@ -33,15 +45,44 @@ def mark(name: str) -> None:
         f.write(repr(time.time()))
 
 
-def nccl_all_reduce() -> None:
-    from gpuguard import _core
-    if rank == 0:
-        uid = _core.nccl_unique_id()
-        dist.distributed_c10d._get_default_store().set("test/nccl_id", uid)
-    uid = dist.distributed_c10d._get_default_store().get("test/nccl_id")
-    with w.collective("all_reduce", sizes="float32[4]"):
-        _core.nccl_probe(4, rank, uid, rank, hold, True)  # the fake NCCL hangs the all-reduce until the deadline
+def pynccl():
+    from fake_pynccl import FakePyNccl  # tests/python: what a PyNccl user does, over the fake driver and NCCL
+    return FakePyNccl(rank, dist.get_world_size(), dist.distributed_c10d._get_default_store())
 
+
+def nccl_all_reduce(comm) -> None:
+    with w.collective("all_reduce", sizes="float32[4]", stream=comm.stream):
+        comm.all_reduce([1.0] * 4)  # the fake NCCL's all-reduce: enqueued, returns at once
+    comm.synchronize()  # the CPU waits here, as in torch.cuda.synchronize()
+
+
+if scenario in ("ddp", "healthy_ddp"):
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(torch.nn.Linear(8, 8))
+    x = torch.ones(2, 8)
+    steps = int(sys.argv[3]) if scenario == "healthy_ddp" else 6
+    for step in range(1, steps + 1):
+        loss = model(x).sum()
+        if scenario == "ddp" and rank == 2 and step == 4:
+            mark("stall_start")
+            time.sleep(hold)  # rank 2 sleeps before its backward
+        loss.backward()  # DDP's reducer all-reduces the gradients in here
+    print(f"rank {rank}: {scenario} done, {w.reports} reports", flush=True)
+    w.stop()
+    dist.destroy_process_group()
+    sys.exit(0)
+
+if scenario == "async_wait":
+    for i in range(1, 8):
+        if rank == 2 and i == 5:
+            mark("stall_start")
+            time.sleep(hold)  # rank 2 sleeps (async scenario)
+        work = dist.all_reduce(t, async_op=True)  # the async all-reduce: returns at once, like NCCL's
+        work.wait()  # the others' CPU waits here
+    print(f"rank {rank}: done", flush=True)
+    w.stop()
+    dist.destroy_process_group()
+    sys.exit(0)
 
 if scenario == "healthy":
     for step in range(int(sys.argv[3])):
@@ -53,14 +94,15 @@ if scenario == "healthy":
     dist.destroy_process_group()
     sys.exit(0)
 
+comm = pynccl() if scenario in ("killed", "nccl_hang") else None
 for i in range(1, 8):
     if i == 5 and scenario == "killed" and rank != 2:  # NCCL, unlike gloo, does not notice a dead peer
         mark(f"stall_start.{rank}")
-        nccl_all_reduce()
+        nccl_all_reduce(comm)
         continue
     if i == 5 and scenario == "nccl_hang":
         mark(f"stall_start.{rank}")
-        nccl_all_reduce()
+        nccl_all_reduce(comm)
         continue
     if rank == 2 and i == 5:
         mark("stall_start")
@@ -73,9 +115,12 @@ for i in range(1, 8):
         elif scenario == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
         elif scenario == "desync":
-            dist.broadcast(t, src=0)  # where the others all-reduce
+            dist.broadcast(t, src=0, async_op=True).wait()  # where the others all-reduce
             continue
-    dist.all_reduce(t)  # the all-reduce of the scenarios
+    if scenario in ("desync", "stopped"):  # asynchronous, as every NCCL collective is
+        dist.all_reduce(t, async_op=True).wait()  # the async all-reduce of the scenarios
+    else:
+        dist.all_reduce(t)  # the all-reduce of the scenarios
 print(f"rank {rank}: done", flush=True)
 w.stop()
 dist.destroy_process_group()

@@ -1,10 +1,11 @@
 """The collectives watch() tracks: torch.distributed's public collective functions, wrapped while it runs.
 
-torch 2.15 has no public hook called when a Python-level collective is entered and left (ProcessGroupNCCL's
-completion hook is NCCL-only and fires after the fact; ``torch.distributed._watchdog`` is private and per rank),
-so the functions themselves are wrapped, in ``torch.distributed`` and ``torch.distributed.distributed_c10d``
-both (torch's own helpers, e.g. ``all_gather_object``, call them through the latter), and restored by
-``restore()``. A name bound before watch() started (``from torch.distributed import all_reduce``) is not seen.
+The fallback of watch() where torch's flight recorder cannot be read (see recorder.py): the functions themselves
+are wrapped, in ``torch.distributed`` and ``torch.distributed.distributed_c10d`` both (torch's own helpers, e.g.
+``all_gather_object``, call them through the latter), and restored by ``restore()``. A collective issued with
+``async_op=True`` completes when its Work's future does; one issued below Python (DDP's reducer, FSDP) is not
+seen, nor is a name bound before watch() started (``from torch.distributed import all_reduce``). The wrappers
+also start a watch() called before ``init_process_group`` at the first collective.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "reduce", "gather",
                "scatter", "monitored_barrier")
 
-#: enter(OP_NAME, group, first argument, call site) -> token; leave(token)
+#: enter(OP_NAME, group, first argument, call site) -> token; leave(token, what the call returned or None)
 Enter = Callable[[str, Any, Any, str], Any]
-Leave = Callable[[Any], None]
+Leave = Callable[[Any, Any], None]
 
 
 _DTYPE_NAMES: dict[Any, str] = {}
@@ -59,20 +60,39 @@ def _wrap(name: str, original: Callable[..., Any], enter: Enter, leave: Leave) -
         first = (args[0] if args else kwargs.get(params[0])) if takes_tensor else None
         caller = sys._getframe(1)
         token = enter(op, group, first, f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        result = None
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            return result
         finally:
-            leave(token)
+            leave(token, result)
 
     tracked.__gpuguard_original__ = original  # type: ignore[attr-defined]
     return tracked
 
 
-class Wrapped:
-    """The collectives as wrapped by one watch(); restore() puts the originals back."""
+def _after(original: Callable[..., Any], then: Callable[[], None]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def initialised(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        then()
+        return result
 
-    def __init__(self, enter: Enter, leave: Leave) -> None:
+    initialised.__gpuguard_original__ = original  # type: ignore[attr-defined]
+    return initialised
+
+
+class Wrapped:
+    """The collectives as wrapped by one watch(), and init_process_group (``on_init`` runs after it);
+    restore() puts the originals back."""
+
+    def __init__(self, enter: Enter, leave: Leave, on_init: Optional[Callable[[], None]] = None) -> None:
         self._saved: list[tuple[Any, str, Any]] = []
+        if on_init is not None:  # each module's own: the zero-code mode's patch of dist's one keeps working
+            for module in (dist, distributed_c10d):
+                current = module.init_process_group
+                self._saved.append((module, "init_process_group", current))
+                module.init_process_group = _after(current, on_init)
         for name in COLLECTIVES:
             original = getattr(distributed_c10d, name, None)
             if original is None:

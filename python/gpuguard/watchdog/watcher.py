@@ -1,8 +1,10 @@
 """gpuguard.watch(): start the collective watchdog of this rank; the Watch handle that stops it.
 
 The work happens in C++ (``_core.Watchdog``, csrc/gpuguard/watchdog.*): a thread that needs no GIL, with a store
-client of its own. This module wraps the collectives (``collectives.py``), finds the job's store, and starts the
-C++ side at once when the default process group exists, else at the first collective after it does.
+client of its own, that reads each collective's progress from torch's flight recorder (``recorder.py``) or, where
+this torch has none for the job's backend, from gpuguard's wrappers of the collective functions
+(``collectives.py``). This module finds the job's store and starts the C++ side at once when the default process
+group exists, else right after ``init_process_group`` (or at the first collective after it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.distributed import distributed_c10d
 
 from .._core import Watchdog
 from .collectives import Wrapped, describe_sizes, group_identity
+from .recorder import ProgressSource, SiteAnswerer, choose_source, describe_groups
 
 logger = logging.getLogger("gpuguard")
 
@@ -89,7 +92,9 @@ class Watch:
         self._dog: Optional[Watchdog] = None
         self._failed = False
         self._groups: dict[Any, int] = {}
-        self._wrapped = Wrapped(self._enter, self._leave)
+        self._wrapped = Wrapped(self._enter, self._leave, on_init=self._watchdog)
+        self._sites: Optional[SiteAnswerer] = None
+        self.source: Optional[ProgressSource] = None
         self.report_path: Optional[str] = None
         if dist.is_available() and dist.is_initialized():
             try:
@@ -106,15 +111,24 @@ class Watch:
         run = os.environ.get("TORCHELASTIC_RUN_ID", "job") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
         self.report_path = os.path.join(directory, f"gpuguard-stall-rank{rank}-pid{os.getpid()}.json")
-        self._dog = Watchdog(
+        source = choose_source()
+        dog = Watchdog(
             store_host=host, store_port=port, prefix=f"gpuguard/watch/{run}/{self._generation}/", rank=rank,
             world_size=world_size, host=socket.gethostname(), pid=os.getpid(), gpu=_gpu_uuid(),
             stall_after_s=float(self.stall_after or 0), min_stall_s=MIN_STALL_S, tick_s=float(self._tick),
             gather_s=float(self._gather), report_path=self.report_path, exit_on_stall=self.on_stall == "raise",
-            exit_code=STALL_EXIT_CODE)
-        logger.info("gpuguard.watch: rank %d watches its collectives (store %s:%d, stall after %s)", rank, host,
-                    port, f"{self.stall_after:g} s" if self.stall_after else f"adaptive, at least {MIN_STALL_S:g} s")
-        return self._dog
+            exit_code=STALL_EXIT_CODE, flight_recorder=source.reader, recorder_sources=source.sources,
+            source_note=source.note, calls_note=source.calls_note)
+        describe_groups(dog)
+        self.source = source
+        if source.reader is not None:
+            self._wrapped.restore()  # the recorder sees every collective: nothing to wrap, nothing to pay per call
+            self._sites = SiteAnswerer(dog)
+        self._dog = dog
+        logger.info("gpuguard.watch: rank %d watches its collectives (store %s:%d, stall after %s; %s)", rank, host,
+                    port, f"{self.stall_after:g} s" if self.stall_after else f"adaptive, at least {MIN_STALL_S:g} s",
+                    source.note or source.calls_note)
+        return dog
 
     def _watchdog(self) -> Optional[Watchdog]:
         if self._dog is None and not self._failed:
@@ -126,7 +140,7 @@ class Watch:
         return self._dog
 
     def _enter(self, op: str, group: Any, first: Any, site: str,
-               sizes: Optional[str] = None) -> Optional[tuple[Watchdog, int]]:
+               sizes: Optional[str] = None) -> Optional[tuple[Watchdog, int, int]]:
         dog = self._dog or self._watchdog()
         if dog is None:
             return None
@@ -135,27 +149,46 @@ class Watch:
             if index is None:
                 _, gname, desc, ranks = group_identity(group)
                 index = self._groups[group] = dog.add_group(gname, desc, ranks)
-            dog.enter(index, op, describe_sizes(first) if sizes is None else sizes, site)
+            seq = dog.enter(index, op, describe_sizes(first) if sizes is None else sizes, site)
         except Exception:  # a group torch itself refuses (this rank not in it): torch's call says so, not ours
             return None
-        return dog, index
+        return dog, index, seq
 
     @staticmethod
-    def _leave(token: Optional[tuple[Watchdog, int]]) -> None:
-        if token is not None:
-            token[0].exit(token[1])
+    def _leave(token: Optional[tuple[Watchdog, int, int]], result: Any = None) -> None:
+        if token is None:
+            return
+        dog, index, seq = token
+        future = getattr(result, "get_future", None)  # async_op=True: a Work, complete when its future is
+        if future is not None:
+            try:
+                future().add_done_callback(lambda _: dog.complete(index, seq))
+                return
+            except RuntimeError:  # a backend whose Work has no future: complete when the call returned
+                pass
+        dog.complete(index, seq)
 
     # ---- the public handle -------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def collective(self, op: str, group: Any = None, sizes: str = "") -> Iterator[None]:
-        """Marks a collective torch.distributed does not see (NCCL called directly, e.g. a PyNccl communicator)
-        so that the watchdog tracks it like the wrapped ones: ``with w.collective("all_reduce"): ...``."""
+    def collective(self, op: str, group: Any = None, sizes: str = "", stream: Any = None) -> Iterator[None]:
+        """Marks a collective torch does not see (NCCL called directly, e.g. a PyNccl communicator) so that the
+        watchdog tracks it: ``with w.collective("all_reduce", stream=torch.cuda.current_stream()): comm.all_reduce(t)``.
+        With ``stream`` (a torch.cuda.Stream or a raw CUDA stream handle) the collective completes when the work
+        queued there so far completes, as NCCL's does: a CUDA event recorded on it at the end of the block, polled
+        by the watchdog's thread. Without, it completes when the block ends."""
         caller = sys._getframe(2)
         token = self._enter(op.upper(), group, None, f"{caller.f_code.co_filename}:{caller.f_lineno}", sizes)
         try:
             yield
-        finally:
+        except BaseException:
+            self._leave(token)
+            raise
+        if token is not None and stream is not None:
+            handle = getattr(stream, "cuda_stream", stream)
+            dog, index, seq = token
+            dog.exit_on_stream(index, seq, int(handle))
+        else:
             self._leave(token)
 
     @property
@@ -178,7 +211,10 @@ class Watch:
         global _active
         self._wrapped.restore()
         if self._dog is not None:
-            self._dog.stop()
+            self._dog.stop()  # also ends the site answerer's wait
+        if self._sites is not None:
+            self._sites.join()
+            self._sites = None
         if _active is self:
             _active = None
 
@@ -196,8 +232,11 @@ def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
 
     When a collective has waited longer than ``stall_after`` seconds (None: adaptive, four times the longest
     wait or gap seen so far and at least 60 s), the ranks compare notes through the job's store and every rank
-    prints one report naming the stuck rank, its host, the collective and its Python stack, and writes it as
-    JSON ({"gpuguard_stall": {...}}) to ``report_dir`` (default $GPUGUARD_WATCH_DIR or the temp folder).
+    prints one report naming the stuck rank, its host, the collective, where it was issued and where each rank's
+    CPU waits now (its Python stack), and writes it as JSON ({"gpuguard_stall": {...}}) to ``report_dir``
+    (default $GPUGUARD_WATCH_DIR or the temp folder). Progress comes from torch's flight recorder where this torch
+    keeps one for the job's backend (every collective, DDP's and FSDP's included, complete when torch says so),
+    else from wrappers of torch.distributed's collective functions; the report says which.
     on_stall="raise" ends the process (exit code 75) after the report; "report" never stops the job.
     store: the job's TCPStore, or (host, port); default: the default process group's.
     tick: seconds between the watchdog's checks (one store operation each); gather: how long the rank that
