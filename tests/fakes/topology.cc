@@ -51,7 +51,7 @@ void parse_bus_id(FakeGpu& gpu) {
 }  // namespace
 
 Topology parse_topology(const std::string& text) {
-  Json root = JsonParser(text).parse();
+  Json root = parse_json(text);
   Topology topo;
   if (root.has("driver_version")) topo.driver_version = static_cast<int>(root.at("driver_version").as_int("driver_version"));
   const Json& gpus = root.at("gpus");
