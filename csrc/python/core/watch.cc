@@ -141,9 +141,9 @@ void bind_watchdog(py::module_& m) {
     {
       py::gil_scoped_release nogil;
       auto read = flight_recorder_read(reader)(source, include_collectives);
-      if (!read) throw std::runtime_error(read.error().message());
+      if (!read) throw std::runtime_error(read.error().detail);
       auto dump = parse_flight_recorder_dump(read.value());
-      if (!dump) throw std::runtime_error(dump.error().message());
+      if (!dump) throw std::runtime_error(dump.error().detail);
       text = std::move(read).value();
     }
     return text;

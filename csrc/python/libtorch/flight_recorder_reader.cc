@@ -84,6 +84,7 @@ std::string dump(const std::string& source, bool include_collectives) {
 #ifdef GPUGUARD_HAVE_FR_BACKENDS
   return c10d::dump_fr_trace_json(include_collectives, /*onlyActive=*/false, source);
 #else
+  (void)include_collectives;
   throw std::runtime_error("torch " TORCH_VERSION " keeps no flight recorder for the '" + source +
                            "' backend (gpuguard reads one for gloo and hooked backends from torch 2.15)");
 #endif

@@ -87,7 +87,7 @@ def choose_source(environ: Any = os.environ) -> ProgressSource:
         try:
             read_flight_recorder(reader, source)
         except RuntimeError as exc:
-            return fallback(f"torch {version}, backend '{source}': {exc}")
+            return fallback(f"backend '{source}': {exc}")
     note = (f"progress from torch {version}'s flight recorder ({', '.join(sources)}): a collective is complete "
             f"when torch says it completed")
     return ProgressSource(reader=reader, sources=sources, note=note, calls_note=MARKED_NOTE)
