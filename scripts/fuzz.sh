@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets for the identity-record decoder and explain's log reader (clang, AddressSanitizer +
-# UBSan; no torch needed: identity/placement/log_scan are plain C++) and runs each briefly. CI calls it;
+# Builds the libFuzzer targets for the identity-record decoder, explain's log reader and the watchdog's reading of
+# torch's flight recorder dump (clang, AddressSanitizer + UBSan; no torch needed: all plain C++) and runs each
+# briefly. CI calls it;
 # FUZZ_SECONDS sets each one's budget.
 #   scripts/fuzz.sh            build, seed, fuzz for $FUZZ_SECONDS (default 20) seconds
 set -euo pipefail
@@ -37,3 +38,18 @@ if ! "$OUT/fuzz_log_scan" "$OUT/log_corpus" -max_total_time="${FUZZ_SECONDS:-20}
   exit 1
 fi
 grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/fuzz_log_scan.log"
+
+# The watchdog's reading of torch's flight recorder dump (issue 21): text from another library, read strictly.
+"$CXX" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  tests/fuzz/fuzz_flight_recorder.cc csrc/gpuguard/flight_recorder.cc csrc/gpuguard/json_value.cc \
+  csrc/gpuguard/error.cc -o "$OUT/fuzz_flight_recorder"
+mkdir -p "$OUT/fr_corpus"
+printf '%s' '{"entries":[{"collective_seq_id":1,"input_dtypes":["Float"],"input_sizes":[[4]],"process_group":["0","default_pg"],"profiling_name":"gloo:all_reduce","retired":true,"state":"scheduled","thread_id":"1","time_created_ns":1795529047835970399}],"pg_status":{"0":{"last_completed_collective":"1","last_enqueued_collective":"2","last_started_collective":"-1"}},"version":"2.10"}' >"$OUT/fr_corpus/seed1"
+if ! "$OUT/fuzz_flight_recorder" "$OUT/fr_corpus" -max_total_time="${FUZZ_SECONDS:-20}" -max_len=65536 \
+    -rss_limit_mb=512 -artifact_prefix="$OUT/fr-" -print_final_stats=1 -dict=tests/fuzz/flight_recorder.dict \
+    >"$OUT/fuzz_flight_recorder.log" 2>&1; then
+  cat "$OUT/fuzz_flight_recorder.log" >&2
+  echo "fuzz.sh: the flight recorder reader failed on the input saved above (fr-crash-*/fr-leak-* in $OUT)" >&2
+  exit 1
+fi
+grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/fuzz_flight_recorder.log"

@@ -42,9 +42,10 @@ Error malformed(const std::string& what) {
 std::string describe_recorded_sizes(const std::vector<std::vector<std::int64_t>>& sizes,
                                     const std::vector<std::string>& dtypes) {
   if (sizes.empty()) return {};
-  auto one = [&](std::size_t i) {
+  auto one = [&](std::size_t i) -> std::string {
     std::int64_t numel = 1;
-    for (auto d : sizes[i]) numel *= d;
+    for (auto d : sizes[i])
+      if (__builtin_mul_overflow(numel, d, &numel)) return std::string("?[too large]");
     std::string dtype = i < dtypes.size() ? dtype_name(dtypes[i]) : std::string("?");
     return dtype + "[" + std::to_string(numel) + "]";
   };

@@ -64,6 +64,11 @@ TEST(FlightRecorderDump, GivesEachGroupsStatusAndItsCollectives) {
   EXPECT_EQ(second.created_ns, 1795529047837254552LL);
 }
 
+TEST(FlightRecorderDump, SizesThatOverflowAreNamedNotComputed) {
+  EXPECT_EQ(gpuguard::describe_recorded_sizes({{1LL << 40, 1LL << 40}}, {"Float"}), "?[too large]");
+  EXPECT_EQ(gpuguard::describe_recorded_sizes({{2, 3}}, {"Half"}), "float16[6]");
+}
+
 TEST(FlightRecorderDump, ATorchWithoutGroupStatusIsRefusedSayingSo) {
   auto dump = gpuguard::parse_flight_recorder_dump(R"({"version":"2.1","entries":[]})");
   ASSERT_FALSE(dump);
