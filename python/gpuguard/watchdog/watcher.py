@@ -187,9 +187,13 @@ class Watch:
         if token is not None and stream is not None:
             handle = getattr(stream, "cuda_stream", stream)
             dog, index, seq = token
-            dog.exit_on_stream(index, seq, int(handle))
-        else:
-            self._leave(token)
+            try:
+                dog.exit_on_stream(index, seq, int(handle))
+                return
+            except (RuntimeError, TypeError, ValueError) as exc:  # never break the job's collective for the watchdog
+                print(f"gpuguard.watch: cannot follow {op} on stream {handle!r} ({exc}); it counts as complete "
+                      f"when its block ended", file=sys.stderr)
+        self._leave(token)
 
     @property
     def stall_threshold_s(self) -> Optional[float]:
