@@ -540,15 +540,18 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
   // report; so every rank counts itself delivered and waits (boundedly) for the others that answered to do so.
   write_all(2, "[rank " + std::to_string(options_.rank) + "] gpuguard: on_stall='raise': ending this process "
                "with exit code " + std::to_string(options_.exit_code) + "\n");
-  store_ops_ += 2;
-  std::int64_t expected = std::strtoll(value_or_throw(store.get(key(e + "answered"))).c_str(), nullptr, 10);
-  value_or_throw(store.add(key(e + "delivered"), 1));
-  auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(options_.gather_s + 5));
-  while (Clock::now() < until && !stopping_) {
-    store_ops_ += 1;
-    if (value_or_throw(store.add(key(e + "delivered"), 0)) >= expected) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  try {  // the process ends whatever the store does now
+    store_ops_ += 2;
+    std::int64_t expected = std::strtoll(value_or_throw(store.get(key(e + "answered"))).c_str(), nullptr, 10);
+    value_or_throw(store.add(key(e + "delivered"), 1));
+    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(options_.gather_s + 5));
+    while (Clock::now() < until && !stopping_) {
+      store_ops_ += 1;
+      if (value_or_throw(store.add(key(e + "delivered"), 0)) >= expected) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  } catch (const std::exception&) {
   }
   std::_Exit(options_.exit_code);
 }
