@@ -102,6 +102,11 @@ class _Package(types.ModuleType):
             return
         super().__setattr__(name, value)
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # A module pickles by reference: cloudpickle (Ray) does so only for exactly types.ModuleType, so a Ray actor
+        # defined in a driver script that uses `gpuguard.` would fail "cannot pickle '_Package' object" without this.
+        return importlib.import_module, (self.__name__,)
+
 
 sys.modules[__name__].__class__ = _Package
 
