@@ -51,3 +51,24 @@ def test_the_package_and_what_it_hands_to_ray_pickle_by_reference_or_by_value():
         return gpuguard.bind, gpuguard.DuplicateDeviceError
 
     assert pickle.loads(cloudpickle.dumps(uses_gpuguard))() == (gpuguard.bind, gpuguard.DuplicateDeviceError)
+
+
+def test_a_gpuguard_error_raised_in_an_actor_reaches_ray_get_with_its_class_message_and_fields(fake_gpus):
+    import gpuguard
+
+    @ray.remote
+    class Rank:
+        def check(self):
+            raise gpuguard.DuplicateDeviceError("ranks 0 and 1 share GPU-1. Fix: one GPU per rank",
+                                                fix="Fix: one GPU per rank", ranks=[0, 1], uuid="GPU-1")
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": fake_gpus.env("h100x1")["PYTHONPATH"]}})
+    try:
+        with pytest.raises(gpuguard.DuplicateDeviceError) as caught:
+            ray.get(Rank.remote().check.remote(), timeout=120)
+    finally:
+        ray.shutdown()
+    err = caught.value
+    assert err.details == {"ranks": [0, 1], "uuid": "GPU-1"} and err.fix == "Fix: one GPU per rank"
+    assert err.ranks == [0, 1] and "ranks 0 and 1 share GPU-1" in str(err)
