@@ -24,32 +24,32 @@ if ! "$OUT/fuzz_identity_decode" "$OUT/corpus" -max_total_time="${FUZZ_SECONDS:-
 fi
 grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/fuzz.log"
 
+# run_target NAME WHAT PREFIX DICT: fuzzes $OUT/NAME from the corpus $OUT/<PREFIX>corpus for $FUZZ_SECONDS; on a
+# failure prints the log and says that WHAT failed on the input saved as <PREFIX>crash-* or <PREFIX>leak-* in $OUT.
+run_target() {
+  local name=$1 what=$2 prefix=$3 dict=$4
+  if ! "$OUT/$name" "$OUT/${prefix}corpus" -max_total_time="${FUZZ_SECONDS:-20}" -max_len=65536 \
+      -rss_limit_mb=512 -artifact_prefix="$OUT/$prefix" -print_final_stats=1 -dict="$dict" \
+      >"$OUT/$name.log" 2>&1; then
+    cat "$OUT/$name.log" >&2
+    echo "fuzz.sh: $what failed on the input saved above (${prefix}crash-*/${prefix}leak-* in $OUT)" >&2
+    exit 1
+  fi
+  grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/$name.log"
+}
+
 # explain's log reader (issue 15): arbitrary bytes, long lines, ANSI sequences, NULs, split at random between
 # reads; the target checks that every split hands out the same lines and only lines it may.
 "$CXX" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   tests/fuzz/fuzz_log_scan.cc csrc/gpuguard/log_scan.cc -o "$OUT/fuzz_log_scan"
-mkdir -p "$OUT/log_corpus"
-printf '[rank7]: Duplicate GPU detected : rank 7 and rank 3 both on CUDA device 10000\r\nok\n' >"$OUT/log_corpus/seed1"
-if ! "$OUT/fuzz_log_scan" "$OUT/log_corpus" -max_total_time="${FUZZ_SECONDS:-20}" -max_len=65536 \
-    -rss_limit_mb=512 -artifact_prefix="$OUT/log-" -print_final_stats=1 -dict=tests/fuzz/log_scan.dict \
-    >"$OUT/fuzz_log_scan.log" 2>&1; then
-  cat "$OUT/fuzz_log_scan.log" >&2
-  echo "fuzz.sh: the log reader failed on the input saved above (log-crash-*/log-leak-* in $OUT)" >&2
-  exit 1
-fi
-grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/fuzz_log_scan.log"
+mkdir -p "$OUT/log-corpus"
+printf '[rank7]: Duplicate GPU detected : rank 7 and rank 3 both on CUDA device 10000\r\nok\n' >"$OUT/log-corpus/seed1"
+run_target fuzz_log_scan "the log reader" log- tests/fuzz/log_scan.dict
 
 # The watchdog's reading of torch's flight recorder dump (issue 21): text from another library, read strictly.
 "$CXX" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   tests/fuzz/fuzz_flight_recorder.cc csrc/gpuguard/flight_recorder.cc csrc/gpuguard/json_value.cc \
   csrc/gpuguard/error.cc -o "$OUT/fuzz_flight_recorder"
-mkdir -p "$OUT/fr_corpus"
-printf '%s' '{"entries":[{"collective_seq_id":1,"input_dtypes":["Float"],"input_sizes":[[4]],"process_group":["0","default_pg"],"profiling_name":"gloo:all_reduce","retired":true,"state":"scheduled","thread_id":"1","time_created_ns":1795529047835970399}],"pg_status":{"0":{"last_completed_collective":"1","last_enqueued_collective":"2","last_started_collective":"-1"}},"version":"2.10"}' >"$OUT/fr_corpus/seed1"
-if ! "$OUT/fuzz_flight_recorder" "$OUT/fr_corpus" -max_total_time="${FUZZ_SECONDS:-20}" -max_len=65536 \
-    -rss_limit_mb=512 -artifact_prefix="$OUT/fr-" -print_final_stats=1 -dict=tests/fuzz/flight_recorder.dict \
-    >"$OUT/fuzz_flight_recorder.log" 2>&1; then
-  cat "$OUT/fuzz_flight_recorder.log" >&2
-  echo "fuzz.sh: the flight recorder reader failed on the input saved above (fr-crash-*/fr-leak-* in $OUT)" >&2
-  exit 1
-fi
-grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/fuzz_flight_recorder.log"
+mkdir -p "$OUT/fr-corpus"
+printf '%s' '{"entries":[{"collective_seq_id":1,"input_dtypes":["Float"],"input_sizes":[[4]],"process_group":["0","default_pg"],"profiling_name":"gloo:all_reduce","retired":true,"state":"scheduled","thread_id":"1","time_created_ns":1795529047835970399}],"pg_status":{"0":{"last_completed_collective":"1","last_enqueued_collective":"2","last_started_collective":"-1"}},"version":"2.10"}' >"$OUT/fr-corpus/seed1"
+run_target fuzz_flight_recorder "the flight recorder reader" fr- tests/fuzz/flight_recorder.dict
