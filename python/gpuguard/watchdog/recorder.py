@@ -88,6 +88,12 @@ def choose_source(environ: Any = os.environ) -> ProgressSource:
             read_flight_recorder(reader, source)
         except RuntimeError as exc:
             return fallback(f"backend '{source}': {exc}")
+    if "gloo" not in sources:  # a CPU side group (new_group(backend="gloo")) beside an NCCL default group
+        try:
+            read_flight_recorder(reader, "gloo")
+            sources.append("gloo")
+        except RuntimeError:
+            pass
     note = (f"progress from torch {version}'s flight recorder ({', '.join(sources)}): a collective is complete "
             f"when torch says it completed")
     return ProgressSource(reader=reader, sources=sources, note=note, calls_note=MARKED_NOTE)
