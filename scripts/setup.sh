@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine for gpuguard: build tools (Debian packages), torch, Ray and the test tools
+# Sets up a fresh machine for gpuguard: build tools (Debian packages), torch, Ray (with its Jobs API and Ray
+# Train, which the tests drive) and the test tools
 # (PyPI), then builds and installs gpuguard against the installed torch. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ fi
 
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --disable-pip-version-check \
-  "torch>=2.4" "ray[default]>=2.39" numpy "scikit-build-core>=0.10" "pybind11>=2.12" "pytest>=8" pytest-timeout
+  "torch>=2.4" "ray[default,train]>=2.39" numpy "scikit-build-core>=0.10" "pybind11>=2.12" "pytest>=8" pytest-timeout
 # --no-build-isolation: gpuguard._libtorch must be compiled against the torch installed above (its ABI and version).
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir=build/wheel .
 echo "setup: gpuguard $("$PY" -c 'import gpuguard; print(gpuguard.__version__)') installed against torch $("$PY" -c 'import torch; print(torch.__version__)')"

@@ -260,6 +260,14 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
         if chosen.fallback and check.context.launcher != "ray":
             note += (" Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, or "
                      "pass device_id= to it.")
+        share = check.context.extra.get("ray_gpu_share")
+        if check.context.launcher == "ray" and isinstance(share, float) and share < 1:
+            from ..ray.store import in_ray_train_worker
+
+            if in_ray_train_worker():  # Ray Train's workers are placed by ScalingConfig, not by actor options
+                note += (f" Ray Train gave each training worker {share:g} GPU (ScalingConfig(resources_per_worker="
+                         f"{{'GPU': {share:g}}})); fix: give each a whole GPU, resources_per_worker={{'GPU': 1}} "
+                         f"(the default with use_gpu=True), with num_workers no more than the cluster's GPUs.")
         exc.add_note(note)
         record(type(exc).__name__, f"{exc}\n{chosen.how}")
         raise

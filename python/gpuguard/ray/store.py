@@ -160,6 +160,15 @@ def in_ray_worker() -> bool:
     return global_worker.mode == WORKER_MODE
 
 
+def in_ray_train_worker() -> bool:
+    """True inside a Ray Train training worker, where Ray Train (not the user) calls init_process_group.
+
+    Ray Train sets each worker's train context before its backend forms the process group; the module is
+    Ray's internal one, so anything unexpected there means "not known to be Ray Train"."""
+    context = sys.modules.get("ray.train.v2._internal.execution.context")
+    return getattr(context, "_train_context", None) is not None
+
+
 def current_job_id() -> str:
     return _ray().get_runtime_context().get_job_id()
 
