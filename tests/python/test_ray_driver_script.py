@@ -1,5 +1,9 @@
-"""Ray as Ray users write it: the README's example, a driver script whose actor lives in __main__, run as
-`python examples/ray_placement_example.py ...` under a real local Ray and the fake driver, as its docstring says."""
+"""Ray as Ray users write it: a driver script whose actor and task live in __main__, run as `python script.py`
+under a real local Ray and the fake driver, and everything gpuguard hands to Ray pickled as Ray needs it.
+
+The script (ray_scripts/driver_actor.py) is the shape that failed with "cannot pickle '_Package' object":
+Ray pickles classes and functions of ``__main__`` by value, with the module globals they use (``gpuguard``).
+"""
 
 from __future__ import annotations
 
@@ -12,33 +16,36 @@ import pytest
 from conftest import ROOT
 from test_bind import scrubbed
 
-pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
-EXAMPLE = ROOT / "examples" / "ray_placement_example.py"
+SCRIPTS = ROOT / "tests" / "python" / "ray_scripts"
 
 
-def run_example(fake_gpus, *args: str) -> str:
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--fake-gpus", "8", "--cpus-per-worker", "0.1", *args],
-                          env=scrubbed(fake_gpus.env("h100x8")), capture_output=True, text=True, timeout=400,
-                          cwd=str(ROOT))
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
-    assert "cannot pickle" not in output, output[-4000:]
-    return proc.stdout
-
-
-def test_the_example_places_two_colocated_groups_one_rank_per_gpu_each(fake_gpus):
-    out = run_example(fake_gpus, "--workers", "8", "--max-colocate", "2")
-    assert "Ray gave the actors of group 'actor' 1/2 GPU each" in out, out[-3000:]
-    assert "Ray gave the actors of group 'rollout' 1/2 GPU each" in out, out[-3000:]
-    assert "DuplicateDeviceError" not in out
-
-
-def test_the_example_with_fractional_gpus_stops_every_rank_with_the_duplicate_report(fake_gpus):
-    out = run_example(fake_gpus, "--workers", "6", "--fractional")
-    assert "is shared by ranks 0, 1 and 2" in out and "is shared by ranks 3, 4 and 5" in out, out[-3000:]
-    assert "Fix: give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1)" in out
+@pytest.mark.slow
+def test_a_driver_script_whose_actor_and_task_live_in_main_uses_gpuguard_under_real_ray(fake_gpus):
+    env = scrubbed(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
+    proc = subprocess.run([sys.executable, "driver_actor.py"], cwd=str(SCRIPTS), env=env, capture_output=True,
+                          text=True, timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert "cannot pickle" not in out, out[-5000:]
+    gpus = [g["uuid"] for g in fake_gpus.topology("h100x4")["gpus"]]
+    # bind() in each placed actor; the Binding comes back to the driver
+    assert f"gpuguard: rank 0/2 local 0/? group trainers -> cuda:0 ({gpus[0]}," in proc.stdout, out[-5000:]
+    assert f"gpuguard: rank 1/2 local 0/? group trainers -> cuda:0 ({gpus[1]}," in proc.stdout, out[-5000:]
+    # the RayPlacement went to the actor as an argument, and its PlacementReport came back
+    assert "Ray gave the actors of group 'trainers' 1 GPU each" in proc.stdout, out[-5000:]
+    # assert_same_device's error crossed Ray with its fields
+    assert ("driver caught DeviceMismatchError: devices ['cpu', 'meta']; Fix: move the inputs to the model's "
+            "device") in proc.stdout, out[-5000:]
+    # a task of __main__ calls gpuguard.devices(), the function named like its module
+    assert f"a task sees ['{gpus[0]}']" in proc.stdout, out[-5000:]
+    # two ranks of one group packed onto one GPU: both stop, and the driver catches gpuguard's class
+    for rank in (0, 1):
+        assert (f"driver caught DuplicateDeviceError of rank {rank}: shared {{'{gpus[0]}': [0, 1]}}, causes "
+                f"['fractional_ray_gpus']") in proc.stdout, out[-5000:]
+    assert proc.stdout.count("Likely cause: Ray gave these actors 1/2 of a GPU each (num_gpus=1/2)") == 2
+    assert proc.stdout.count("Fix: give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1)") == 2
 
 
 def test_the_package_and_what_it_hands_to_ray_pickle_by_reference_or_by_value():
@@ -48,11 +55,32 @@ def test_the_package_and_what_it_hands_to_ray_pickle_by_reference_or_by_value():
     assert pickle.loads(cloudpickle.dumps(gpuguard)) is gpuguard  # a module: by reference, as Ray needs
 
     def uses_gpuguard():  # what a driver script's actor method closes over
-        return gpuguard.bind, gpuguard.DuplicateDeviceError
+        return gpuguard.bind, gpuguard.DuplicateDeviceError, gpuguard.devices
 
-    assert pickle.loads(cloudpickle.dumps(uses_gpuguard))() == (gpuguard.bind, gpuguard.DuplicateDeviceError)
+    assert pickle.loads(cloudpickle.dumps(uses_gpuguard))() == (
+        gpuguard.bind, gpuguard.DuplicateDeviceError, gpuguard.devices)
+    assert callable(gpuguard.devices)  # the function, not the module gpuguard/devices.py
 
 
+@pytest.mark.parametrize("name", ["GpuGuardError", "DuplicateDeviceError", "DeviceMismatchError", "RankMappingError",
+                                  "RendezvousTimeoutError", "CudaStateError", "LaunchEnvironmentError",
+                                  "RayPlacementError", "RayRendezvousError"])
+def test_every_error_class_pickles_with_its_message_fix_fields_and_notes(name):
+    import gpuguard
+    from ray import cloudpickle
+
+    cls = getattr(gpuguard, name)
+    err = cls("ranks 0 and 1 share GPU-1. Fix: one GPU per rank", fix="Fix: one GPU per rank", ranks=[0, 1],
+              uuid="GPU-1")
+    err.add_note("gpuguard (auto, at init_process_group): rank 0 is on cuda:0")
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        back = pickle.loads(dumps(err))
+        assert type(back) is cls and str(back) == str(err)
+        assert back.fix == "Fix: one GPU per rank" and back.details == {"ranks": [0, 1], "uuid": "GPU-1"}
+        assert back.ranks == [0, 1] and back.__notes__ == err.__notes__
+
+
+@pytest.mark.slow
 def test_a_gpuguard_error_raised_in_an_actor_reaches_ray_get_with_its_class_message_and_fields(fake_gpus):
     import gpuguard
 
