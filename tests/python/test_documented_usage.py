@@ -1,0 +1,200 @@
+"""Documented usage runs: every example in examples/ as its docstring says, and every Python and shell block of
+README.md, against the fake driver where a GPU would be needed (documented_usage.py says how blocks are marked).
+
+A README block the tests cannot run must say so, and why, in its marker; an unmarked block is run as written,
+and one that fails fails here. The examples run exactly the fake-driver commands their docstrings give.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import ROOT
+from documented_usage import PYTHON, Block, Setup, command_shim, gpu_setup_for, readme_blocks, write_program
+from ray_head import RayHead, run_logged
+from test_bind import scrubbed
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+FAKE_DRIVER_IN_DOCSTRINGS = "$PWD/build/dev/tests/fakes"
+
+# ---- examples/ ---------------------------------------------------------------------------------------------
+
+#: What each example's run must print (and any further runs its docstring describes, as extra arguments).
+EXAMPLE_RUNS: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {
+    ("ray_placement_example.py", ()): (
+        "Ray gave the actors of group 'actor' 1/2 GPU each",
+        "Ray gave the actors of group 'rollout' 1/2 GPU each"),
+    ("ray_placement_example.py", ("--fractional",)): (
+        "Ray gave the actors of group 'actor' 1/2 GPU each",
+        "6 ranks of one group given num_gpus=1/3 each, no placement:",
+        "DuplicateDeviceError: 6 ranks of group 'packed' share 2 GPUs.",
+        "Likely cause: Ray gave these actors 1/3 of a GPU each (num_gpus=1/3)",
+        "Fix: give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1)"),
+}
+
+
+def docstring_commands(path: Path) -> list[str]:
+    """The shell commands an example's docstring gives: indented lines, joined where they end with a backslash."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    commands, current = [], ""
+    for line in doc.splitlines():
+        if not line.startswith("    ") and not current:
+            continue
+        current += line.strip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        if current:
+            commands.append(current)
+        current = ""
+    return commands
+
+
+def test_every_example_says_how_to_run_it_without_a_gpu_and_what_it_prints():
+    for path in EXAMPLES:
+        fake = [c for c in docstring_commands(path) if "GPUGUARD_LIBCUDA=" in c and f"examples/{path.name}" in c]
+        assert len(fake) == 1, f"{path.name}: its docstring must give one command that runs it on the fake driver"
+        runs = [args for (name, args) in EXAMPLE_RUNS if name == path.name]
+        assert () in runs, f"{path.name}: say in EXAMPLE_RUNS what its run prints"
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        for args in runs:
+            for arg in args:
+                assert arg in doc, f"{path.name}: EXAMPLE_RUNS runs it with {arg}, which its docstring never names"
+
+
+def example_env() -> dict[str, str]:
+    env = scrubbed(dict(os.environ))
+    for key in ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_FAKE_TOPOLOGY", "CUDA_VISIBLE_DEVICES",
+                "RAY_ADDRESS", "PYTHONPATH"):
+        env.pop(key, None)
+    env["RAY_DISABLE_USAGE_STATS"] = "1"
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,args", list(EXAMPLE_RUNS), ids=[" ".join((n,) + a) for n, a in EXAMPLE_RUNS])
+def test_example_runs_as_its_docstring_says(name, args, fakes_dir):
+    path = ROOT / "examples" / name
+    command = next(c for c in docstring_commands(path) if "GPUGUARD_LIBCUDA=" in c)
+    if not (ROOT / "build" / "dev" / "tests" / "fakes").is_dir():  # the fakes were built elsewhere for this run
+        command = command.replace(FAKE_DRIVER_IN_DOCSTRINGS, str(fakes_dir))
+    command = " ".join([command, *map(shlex.quote, args)])
+    proc = run_logged(["bash", "-c", command], example_env(), timeout=500, cwd=str(ROOT))
+    assert proc.returncode == 0, f"$ {command}\n{proc.stdout[-6000:]}"
+    for text in EXAMPLE_RUNS[(name, args)]:
+        assert text in proc.stdout, f"$ {command}\nmissing {text!r} in:\n{proc.stdout[-6000:]}"
+    assert "cannot pickle" not in proc.stdout
+
+
+# ---- README.md ---------------------------------------------------------------------------------------------
+
+JOB_LOG = """\
+[rank1]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5
+[rank1]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+[rank1]: Last error:
+[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10000
+"""
+
+#: The setups README blocks name in their markers.
+SETUPS: dict[str, Setup] = {
+    # the zero-code section's one line: joins a local Ray with the fake GPUs; then a task imports torch
+    "ray-hook": Setup(
+        ray_cluster=True,
+        before="import ray\n",
+        after="""
+            @ray.remote
+            def worker_has_gpuguard_on():
+                import torch, gpuguard.auto
+                return gpuguard.auto.is_enabled()
+
+            print("gpuguard active in a Ray worker:", ray.get(worker_has_gpuguard_on.remote(), timeout=300))
+            ray.shutdown()
+            """,
+        expect=("gpuguard active in a Ray worker: True",)),  # its "active" line reaches the driver late, if at all
+    # the Ray section: its ray.init() joins a local Ray that has 8 (fake) GPUs
+    "ray-cluster": Setup(
+        ray_cluster=True,
+        expect=("Ray gave the actors of group 'actor' 1/2 GPU each",
+                "Ray gave the actors of group 'rollout' 1/2 GPU each")),
+    # `gpuguard explain job.log` with NCCL's own duplicate-GPU text in job.log; doctor on 4 fake GPUs
+    "job-log": Setup(
+        topology="h100x4", files={"job.log": JOB_LOG},
+        expect=("[duplicate_gpu] Two or more ranks of one NCCL communicator are on the same GPU: ranks 0, 1",
+                "nccl all-reduce over 4 GPUs, P2P enabled: ok")),
+    # worker(i, nprocs) started as its comment says, by torch.multiprocessing.spawn, two ranks on 4 fake GPUs
+    "spawn": Setup(
+        topology="h100x4",
+        before="""
+            import logging, os
+            import torch, torch.distributed, gpuguard
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+            """,
+        after="""
+            if __name__ == "__main__":
+                if os.path.exists("/tmp/job.store"):
+                    os.remove("/tmp/job.store")
+                torch.multiprocessing.spawn(worker, args=(2,), nprocs=2)
+            """,
+        expect=("gpuguard: rank 0/2 local 0/? -> cuda:0 (GPU-5a6b7c00-",
+                "gpuguard: rank 1/2 local 1/? -> cuda:1 (GPU-5a6b8d11-")),
+}
+
+BLOCKS = [b for b in readme_blocks() if b.runnable_language]
+
+
+def test_every_readme_block_runs_or_its_marker_says_why_not():
+    assert BLOCKS, "README.md has no Python or shell block: the parser no longer finds them"
+    for block in readme_blocks():
+        assert not block.problem, block.problem
+        assert "<!-- doc-test" not in block.code, f"{block.id}: a marker inside the block belongs above its fence"
+        if not block.runnable_language:
+            assert block.kind == "run", f"{block.id}: a marker on a block that is not Python or shell"
+    for block in BLOCKS:
+        if block.kind == "setup":
+            assert block.setup in SETUPS, f"{block.id}: no setup {block.setup!r} in test_documented_usage.SETUPS"
+        if block.kind in ("skip", "gpu"):
+            assert len(block.why.split()) >= 4, f"{block.id}: say why it cannot run here, in a sentence"
+        if block.kind == "gpu":
+            gpu_setup_for(block)  # what tests/python/gpu/test_gpu_readme.py runs it with
+    used = {b.setup for b in BLOCKS if b.kind == "setup"}
+    assert used == set(SETUPS), f"setups no README block uses: {sorted(set(SETUPS) - used)}"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(fake_gpus) -> Iterator[RayHead]:
+    """One local Ray (`ray start --head`) with 8 fake GPUs for the README's Ray blocks; always stopped."""
+    head = RayHead(scrubbed(fake_gpus.env("h100x8")), num_gpus=8, num_cpus=16)
+    head.start()
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_readme_block(block: Block, fake_gpus, tmp_path, request):
+    if block.kind == "skip":
+        pytest.skip(f"marked not run: {block.why}")
+    if block.kind == "gpu":
+        pytest.skip(f"needs a GPU (tests/python/gpu/test_gpu_readme.py runs it): {block.why}")
+    setup = SETUPS[block.setup] if block.kind == "setup" else Setup()
+    command = write_program(block, setup, tmp_path)
+    env = scrubbed(fake_gpus.env(setup.topology, RAY_DISABLE_USAGE_STATS="1", **setup.env))
+    if setup.ray_cluster:
+        env = request.getfixturevalue("ray_cluster").env(**{k: v for k, v in env.items() if k.startswith("GPUGUARD")})
+    env["PATH"] = f"{command_shim(tmp_path)}{os.pathsep}{env.get('PATH', '')}"
+    proc = run_logged(command, env, timeout=500, cwd=str(tmp_path))
+    shown = f"{block.id}:\n{block.code}\n--- output:\n{proc.stdout[-6000:]}"
+    assert proc.returncode == 0, shown
+    for text in setup.expect:
+        assert text in proc.stdout, f"missing {text!r}\n{shown}"
+    if block.language in PYTHON:
+        assert not re.search(r"^Traceback ", proc.stdout, re.M), shown
