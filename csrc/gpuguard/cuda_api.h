@@ -48,11 +48,13 @@ enum CUdevice_attribute : int {
   X(cuDeviceGetAttribute, CUresult, (int* value, CUdevice_attribute attribute, CUdevice device)) \
   X(cuDeviceGetPCIBusId, CUresult, (char* bus_id, int length, CUdevice device))
 
-// Used by diagnostics (peer access, peer copies) and by completion tracking (CompletionEvent: streams and
-// events); a driver lacking them still enumerates, and a call needing one names it.
+// Used by diagnostics (peer access, peer copies, which GPUs hold a context of this process) and by completion
+// tracking (CompletionEvent: streams and events); a driver lacking them still enumerates, and a call needing one
+// names it.
 #define GPUGUARD_CUDA_OPTIONAL_FUNCTIONS(X)                                                          \
   X(cuDeviceGetUuid, CUresult, (CUuuid * uuid, CUdevice device))                                    \
   X(cuDeviceCanAccessPeer, CUresult, (int* can_access, CUdevice device, CUdevice peer))             \
+  X(cuDevicePrimaryCtxGetState, CUresult, (CUdevice device, unsigned int* flags, int* active))       \
   X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext * context, CUdevice device))                     \
   X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice device))                                      \
   X(cuCtxSetCurrent, CUresult, (CUcontext context))                                                 \

@@ -192,6 +192,25 @@ Result<bool> CudaDriver::can_access_peer(int a, int b) {
   return can != 0;
 }
 
+Result<std::vector<int>> CudaDriver::active_primary_contexts() {
+  GPUGUARD_TRY(load());
+  int count = 0;
+  // Before anyone's cuInit the driver answers CUDA_ERROR_NOT_INITIALIZED: no context can exist yet.
+  const cu::CUresult counted = fn_.cuDeviceGetCount(&count);
+  if (counted == cu::CUDA_ERROR_NOT_INITIALIZED) return std::vector<int>{};
+  GPUGUARD_TRY(check("cuDeviceGetCount", counted, GPUGUARD_WHERE));
+  std::vector<int> active;
+  for (int i = 0; i < count; ++i) {
+    cu::CUdevice dev = 0;
+    GPUGUARD_CU(cuDeviceGet, &dev, i);
+    unsigned int flags = 0;
+    int is_active = 0;
+    GPUGUARD_CU(cuDevicePrimaryCtxGetState, dev, &flags, &is_active);
+    if (is_active != 0) active.push_back(i);
+  }
+  return active;
+}
+
 CudaStatus CudaDriver::status() {
   CudaStatus st;
   Status loaded = load();

@@ -70,6 +70,11 @@ class CudaDriver {
   Result<DeviceInfo> device(int ordinal);
   Result<std::vector<DeviceInfo>> devices();
   Result<bool> can_access_peer(int a, int b);
+  // The ordinals of the visible devices on which this process holds an active primary context (the context
+  // the runtime, and so torch, creates on a device's first use), asked with cuDevicePrimaryCtxGetState, which
+  // creates none. Never calls cuInit: in a process where nothing initialised the driver no context can exist,
+  // and the answer is empty.
+  Result<std::vector<int>> active_primary_contexts();
 
   // Status for reports; never fails, loads and initialises if needed.
   CudaStatus status();

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
         CudaStateError,
         DeviceMismatchError,
         DuplicateDeviceError,
+        ForeignProcessError,
         GpuGuardError,
         GpuGuardWarning,
         LaunchEnvironmentError,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
         RayPlacementError,
         RayRendezvousError,
         RendezvousTimeoutError,
+        StrayContextError,
     )
     from .explain import Diagnosis, Evidence, explain, explain_file
     from .binding.launchers import LaunchContext, detect as detect_launcher
@@ -55,9 +57,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Finding": (".doctor", "Finding"),
     "doctor": (".doctor", "run_doctor"),
     **{name: (".errors", name) for name in (
-        "CudaStateError", "DeviceMismatchError", "DuplicateDeviceError", "GpuGuardError", "GpuGuardWarning",
-        "LaunchEnvironmentError", "RankMappingError", "RayPlacementError", "RayRendezvousError",
-        "RendezvousTimeoutError")},
+        "CudaStateError", "DeviceMismatchError", "DuplicateDeviceError", "ForeignProcessError", "GpuGuardError",
+        "GpuGuardWarning", "LaunchEnvironmentError", "RankMappingError", "RayPlacementError", "RayRendezvousError",
+        "RendezvousTimeoutError", "StrayContextError")},
     "Diagnosis": (".explain", "Diagnosis"),
     "Evidence": (".explain", "Evidence"),
     "explain": (".explain", "explain"),
@@ -122,6 +124,7 @@ __all__ = [
     "DuplicateDeviceError",
     "Evidence",
     "Finding",
+    "ForeignProcessError",
     "GpuGuardError",
     "GpuGuardWarning",
     "GuardHandle",
@@ -133,6 +136,7 @@ __all__ = [
     "RayPlacementError",
     "RayRendezvousError",
     "RendezvousTimeoutError",
+    "StrayContextError",
     "TORCH_VERSION_BUILT_FOR",
     "Watch",
     "__version__",

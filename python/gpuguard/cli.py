@@ -84,7 +84,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     logging.getLogger("gpuguard").addHandler(logging.NullHandler())
     try:
         binding = preflight(group=args.group, timeout=args.timeout, verify_nccl=args.verify_nccl,
-                            require_gpu=args.require_gpu)
+                            require_gpu=args.require_gpu, require_exclusive=args.require_exclusive)
     except GpuGuardError as exc:
         if args.json:
             print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}))
@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also form a real NCCL communicator of the group and run one all-reduce on it (on a hang, "
                         "again with NCCL_P2P_DISABLE=1, saying whether that cures it)")
     p.add_argument("--require-gpu", action="store_true", help="fail instead of binding the CPU when no GPU is visible")
+    p.add_argument("--require-exclusive", action="store_true",
+                   help="fail (every rank) when a rank's GPU holds memory of processes outside the job, instead of "
+                        "warning")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_check)
 

@@ -47,6 +47,22 @@ class RankMappingError(GpuGuardError):
     """This process's rank cannot be mapped to a GPU of this host."""
 
 
+class StrayContextError(GpuGuardError):
+    """This process holds a CUDA context on a GPU other than its own (something used that GPU before set_device).
+
+    Fields: ``rank``, ``device`` and ``uuid`` (its own GPU), ``stray_devices`` (one dict per other GPU: ``index``,
+    ``uuid``, ``bytes`` held there per NVML or None, ``used_by``: what the job uses it for), ``cost`` (what the
+    message says a context costs).
+    """
+
+
+class ForeignProcessError(GpuGuardError):
+    """bind(require_exclusive=True): the rank's GPU holds memory of processes that are not ranks of this job.
+
+    Fields: ``rank``, ``uuid``, ``processes`` (one dict per process: ``pid``, ``bytes``, ``description``).
+    """
+
+
 class RendezvousTimeoutError(GpuGuardError):
     """Some ranks did not arrive at the placement check before the deadline."""
 

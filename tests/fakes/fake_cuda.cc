@@ -19,10 +19,13 @@
 // kernels: a work item is a poll function (gpuguardFakeStreamEnqueue, below), which the fake NCCL uses for its
 // collectives. A background thread keeps polling pending items, as a GPU runs without the host looking.
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -189,6 +192,45 @@ void* context_for(int device) { return reinterpret_cast<void*>(static_cast<uintp
 int device_of_context(void* ctx) { return static_cast<int>(reinterpret_cast<uintptr_t>(ctx)) - 1; }
 // The current context is per thread, as in the real driver: a thread that never set one has none.
 thread_local int current_device = -1;
+
+// ---- primary contexts and what they hold (for the fake NVML) -----------------------------------------------
+
+// A device's primary context is active from its first cuDevicePrimaryCtxRetain until as many releases, as in
+// the driver. While it is, and $GPUGUARD_FAKE_GPU_STATE_DIR is set, <dir>/<device uuid>/<pid> holds the bytes it
+// uses (the topology's context_mib plus the device memory allocated in it), which the fake NVML lists.
+struct PrimaryContexts {
+  std::mutex mutex;
+  std::map<int, int> retained;                 // visible ordinal -> retain count
+  std::map<int, unsigned long long> allocated;  // visible ordinal -> bytes from cuMemAlloc_v2
+};
+
+PrimaryContexts& primary_contexts() {
+  static auto* p = new PrimaryContexts();
+  return *p;
+}
+
+// With primary_contexts().mutex held.
+void record_context(int device) {
+  const std::string dir = gpuguard_fake::gpu_state_dir();
+  if (dir.empty()) return;
+  PrimaryContexts& p = primary_contexts();
+  const std::string gpu_dir = dir + "/" + state().visible_devices[static_cast<size_t>(device)]->uuid;
+  const std::string file = gpu_dir + "/" + std::to_string(getpid());
+  if (p.retained[device] <= 0) {
+    unlink(file.c_str());
+    return;
+  }
+  mkdir(dir.c_str(), 0777);
+  mkdir(gpu_dir.c_str(), 0777);
+  const unsigned long long bytes =
+      static_cast<unsigned long long>(state().topology.context_mib) * 1024 * 1024 + p.allocated[device];
+  const std::string tmp = file + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fprintf(f, "%llu\n", bytes);
+    std::fclose(f);
+    std::rename(tmp.c_str(), file.c_str());  // the fake NVML never reads half a file
+  }
+}
 
 // ---- streams and events -------------------------------------------------------------------------------------
 
@@ -500,12 +542,15 @@ __attribute__((visibility("default"))) int cuDeviceCanAccessPeer(int* can_access
   return kSuccess;
 }
 
+// Active from the first retain until as many releases; asking creates nothing, as in the driver.
 __attribute__((visibility("default"))) int cuDevicePrimaryCtxGetState(int device, unsigned int* flags, int* active) {
   int rc = check_device(device);
   if (rc != kSuccess) return rc;
   if (flags == nullptr || active == nullptr) return kInvalidValue;
+  PrimaryContexts& p = primary_contexts();
+  std::lock_guard<std::mutex> lock(p.mutex);
   *flags = 0;
-  *active = 0;
+  *active = p.retained[device] > 0 ? 1 : 0;
   return kSuccess;
 }
 
@@ -514,10 +559,24 @@ __attribute__((visibility("default"))) int cuDevicePrimaryCtxRetain(void** conte
   if (rc != kSuccess) return rc;
   if (context == nullptr) return kInvalidValue;
   *context = context_for(device);
+  PrimaryContexts& p = primary_contexts();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (++p.retained[device] == 1) record_context(device);
   return kSuccess;
 }
 
-__attribute__((visibility("default"))) int cuDevicePrimaryCtxRelease_v2(int device) { return check_device(device); }
+__attribute__((visibility("default"))) int cuDevicePrimaryCtxRelease_v2(int device) {
+  int rc = check_device(device);
+  if (rc != kSuccess) return rc;
+  PrimaryContexts& p = primary_contexts();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (p.retained[device] <= 0) return kInvalidContext;  // released more often than retained
+  if (--p.retained[device] == 0) {
+    p.allocated[device] = 0;  // the context's memory goes with it
+    record_context(device);
+  }
+  return kSuccess;
+}
 
 __attribute__((visibility("default"))) int cuCtxSetCurrent(void* context) {
   if (context == nullptr) {  // unbinds the thread's context, as the driver does
@@ -564,6 +623,12 @@ __attribute__((visibility("default"))) int cuMemAlloc_v2(unsigned long long* poi
   if (bytes > (size_t{1} << 30)) return kOutOfMemory;
   auto* a = new Allocation{current_device, std::vector<unsigned char>(bytes)};
   allocations().push_back(a);
+  {
+    PrimaryContexts& p = primary_contexts();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.allocated[current_device] += bytes;
+    record_context(current_device);
+  }
   *pointer = reinterpret_cast<unsigned long long>(a->bytes.data());
   return kSuccess;
 }
@@ -580,6 +645,13 @@ __attribute__((visibility("default"))) int cuMemFree_v2(unsigned long long point
   auto& all = allocations();
   for (size_t i = 0; i < all.size(); ++i) {
     if (reinterpret_cast<unsigned long long>(all[i]->bytes.data()) == pointer) {
+      {
+        PrimaryContexts& p = primary_contexts();
+        std::lock_guard<std::mutex> lock(p.mutex);
+        unsigned long long& held = p.allocated[all[i]->device];
+        held -= std::min<unsigned long long>(held, all[i]->bytes.size());
+        record_context(all[i]->device);
+      }
       delete all[i];
       all.erase(all.begin() + static_cast<long>(i));
       return kSuccess;

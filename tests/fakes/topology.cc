@@ -48,7 +48,29 @@ void parse_bus_id(FakeGpu& gpu) {
   gpu.pci_device = static_cast<int>(device);
 }
 
+std::vector<FakeProcess> parse_processes(const Json& gpu) {
+  std::vector<FakeProcess> out;
+  if (!gpu.has("processes")) return out;
+  const Json& list = gpu.at("processes");
+  if (list.kind != Json::Kind::Array) throw std::runtime_error("gpus[].processes must be an array");
+  for (const Json& p : list.array) {
+    FakeProcess process;
+    long long pid = p.at("pid").as_int("gpus[].processes[].pid");
+    if (pid <= 0 || pid > 0x3fffffff) throw std::runtime_error("gpus[].processes[].pid must be a positive pid");
+    process.pid = static_cast<unsigned int>(pid);
+    process.used_mib = p.at("used_mib").as_int("gpus[].processes[].used_mib");
+    if (process.used_mib < -1) throw std::runtime_error("gpus[].processes[].used_mib must be >= 0, or -1");
+    out.push_back(process);
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string gpu_state_dir() {
+  const char* dir = std::getenv("GPUGUARD_FAKE_GPU_STATE_DIR");
+  return dir != nullptr ? std::string(dir) : std::string();
+}
 
 Topology parse_topology(const std::string& text) {
   Json root = parse_json(text);
@@ -76,6 +98,7 @@ Topology parse_topology(const std::string& text) {
       gpu.cc_major = 9;
     }
     gpu.multiprocessors = g.has("multiprocessors") ? static_cast<int>(g.at("multiprocessors").as_int("multiprocessors")) : 132;
+    gpu.processes = parse_processes(g);
     if (g.has("mig")) {
       const Json& instances = g.at("mig");
       if (instances.kind != Json::Kind::Array || instances.array.empty()) {
@@ -99,6 +122,7 @@ Topology parse_topology(const std::string& text) {
         inst.multiprocessors =
             m.has("multiprocessors") ? static_cast<int>(m.at("multiprocessors").as_int("multiprocessors")) : 16;
         std::memcpy(inst.parent_uuid_bytes, gpu.uuid_bytes, 16);
+        inst.processes = parse_processes(m);
         for (const auto& other : gpu.mig) {
           if (other.uuid == inst.uuid) throw std::runtime_error("two MIG instances share uuid " + inst.uuid);
         }
@@ -139,6 +163,15 @@ Topology parse_topology(const std::string& text) {
       throw std::runtime_error("nccl.behavior must be ok, duplicate, hang, hang_unless_p2p_disabled or "
                                "hang_all_reduce, not " + b);
     }
+  }
+  if (root.has("context_mib")) topo.context_mib = root.at("context_mib").as_int("context_mib");
+  if (root.has("nvml")) {
+    const Json& nvml = root.at("nvml");
+    if (nvml.has("reserved_mib")) topo.nvml_reserved_mib = nvml.at("reserved_mib").as_int("nvml.reserved_mib");
+    if (nvml.has("driver_version")) topo.nvml_driver_version = nvml.at("driver_version").as_string("nvml.driver_version");
+  }
+  if (topo.context_mib < 0 || topo.nvml_reserved_mib < 0) {
+    throw std::runtime_error("context_mib and nvml.reserved_mib must not be negative");
   }
   return topo;
 }

@@ -6,6 +6,13 @@
 
 namespace gpuguard_fake {
 
+// A process with a compute context on a GPU that is not one of the test's own (a leftover run, another user's
+// job): what the fake NVML lists besides the contexts the fake driver's processes hold.
+struct FakeProcess {
+  unsigned int pid = 0;
+  long long used_mib = 0;  // -1: NVML_VALUE_NOT_AVAILABLE
+};
+
 struct FakeGpu {
   std::string name;
   std::string uuid;        // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
@@ -20,6 +27,7 @@ struct FakeGpu {
   std::vector<FakeGpu> mig;
   bool is_mig = false;
   unsigned char parent_uuid_bytes[16] = {0};
+  std::vector<FakeProcess> processes;  // "processes": other programs' contexts on this GPU (or MIG instance)
 };
 
 struct Topology {
@@ -29,7 +37,14 @@ struct Topology {
   bool peer_copy_drops_writes = false;         // capability says yes, but peer writes are lost (ACS/IOMMU)
   int nccl_version = 22809;
   std::string nccl_behavior = "ok";  // ok | duplicate | hang | hang_unless_p2p_disabled | hang_all_reduce
+  long long context_mib = 414;      // what one primary context of the fake driver holds on its GPU (for NVML)
+  long long nvml_reserved_mib = 0;  // what NVML says the driver reserves on each GPU
+  std::string nvml_driver_version = "580.82.07";
 };
+
+// $GPUGUARD_FAKE_GPU_STATE_DIR: where the fake driver's processes record their contexts for the fake NVML (one
+// file <dir>/<device uuid>/<pid> holding the bytes in use); empty when unset (then nothing is recorded).
+std::string gpu_state_dir();
 
 // Reads $GPUGUARD_FAKE_TOPOLOGY. Throws std::runtime_error naming the file and the problem.
 Topology load_topology();

@@ -15,6 +15,7 @@
 #include "gpuguard/identity.h"
 #include "gpuguard/nccl.h"
 #include "gpuguard/nccl_probe.h"
+#include "gpuguard/nvml.h"
 #include "gpuguard/p2p_probe.h"
 #include "gpuguard/visible_devices.h"
 #include "gpuguard/placement.h"
@@ -49,9 +50,38 @@ void bind_cuda_driver(py::module_& m) {
   m.def("driver_initialized", [] { return gpuguard::CudaDriver::instance().initialized(); },
         "Whether gpuguard has called cuInit in this process.");
 
+  m.def("active_primary_contexts", [] {
+    gpuguard::Result<std::vector<int>> active = std::vector<int>{};
+    {
+      py::gil_scoped_release nogil;
+      active = gpuguard::CudaDriver::instance().active_primary_contexts();
+    }
+    return gpuguard::value_or_throw(std::move(active));
+  }, "The visible devices (cuda:N ordinals) on which this process holds an active primary context; creates "
+     "none and never calls cuInit (nothing initialised: []).");
+
   m.def("can_access_peer", [](int a, int b) {
     return gpuguard::value_or_throw(gpuguard::CudaDriver::instance().can_access_peer(a, b));
   });
+}
+
+// ---- NVML: who holds memory on a GPU ----------------------------------------------------------------------
+
+void bind_nvml(py::module_& m) {
+  m.def("nvml_status", [] {
+    py::gil_scoped_release nogil;
+    return gpuguard::Nvml::instance().status();
+  }, "Loads NVML ($GPUGUARD_LIBNVML overrides libnvidia-ml.so.1), initialises it and says what it is.");
+
+  using Usage = std::tuple<std::optional<gpuguard::GpuUsage>, std::optional<gpuguard::Error>>;
+  m.def("gpu_usage", [](const std::string& uuid, const std::string& pci_bus_id) -> Usage {
+    py::gil_scoped_release nogil;
+    auto usage = gpuguard::Nvml::instance().usage(uuid, pci_bus_id);
+    if (!usage) return Usage{std::nullopt, usage.error()};
+    return Usage{std::move(usage).value(), std::nullopt};
+  }, py::arg("uuid"), py::arg("pci_bus_id") = "",
+     "(usage, error): NVML's memory and compute processes of the GPU or MIG instance with this UUID (else the "
+     "GPU at pci_bus_id), or None and what prevented it.");
 }
 
 // ---- binding each process to its GPU (issue: bind) ---------------------------------------------------------
@@ -247,6 +277,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "gpuguard's torch-free compiled core (private; use the gpuguard package)";
   gpuguard::python::bind_records(m);
   bind_cuda_driver(m);
+  bind_nvml(m);
   bind_nccl(m);
   bind_diagnostics(m);
   bind_binding(m);

@@ -12,6 +12,7 @@
 #include "gpuguard/identity.h"
 #include "gpuguard/nccl.h"
 #include "gpuguard/nccl_probe.h"
+#include "gpuguard/nvml.h"
 #include "gpuguard/p2p_probe.h"
 #include "gpuguard/placement.h"
 #include "gpuguard/visible_devices.h"
@@ -245,6 +246,32 @@ void bind_records(py::module_& m) {
       .done();
 
   // NCCL
+  Record<gpuguard::GpuProcess>(m, "GpuProcess",
+                                "One process with a compute context on a GPU, as NVML lists it (``used_memory`` in "
+                                "bytes, -1 when NVML cannot say).")
+      .field("pid", &gpuguard::GpuProcess::pid)
+      .field("used_memory", &gpuguard::GpuProcess::used_memory)
+      .done();
+
+  Record<gpuguard::GpuUsage>(m, "GpuUsage",
+                              "What NVML says of one GPU or MIG instance: its memory (bytes) and its compute processes "
+                              "(``reserved_memory`` -1 when unknown).")
+      .field("uuid", &gpuguard::GpuUsage::uuid)
+      .field("total_memory", &gpuguard::GpuUsage::total_memory)
+      .field("used_memory", &gpuguard::GpuUsage::used_memory)
+      .field("free_memory", &gpuguard::GpuUsage::free_memory)
+      .field("reserved_memory", &gpuguard::GpuUsage::reserved_memory)
+      .field("processes", &gpuguard::GpuUsage::processes)
+      .done();
+
+  Record<gpuguard::NvmlStatus>(m, "NvmlStatus", "NVML as gpuguard's loader found it; ``reason`` says why it is unusable.")
+      .field("library_loaded", &gpuguard::NvmlStatus::library_loaded)
+      .field("initialized", &gpuguard::NvmlStatus::initialized)
+      .field("library", &gpuguard::NvmlStatus::library)
+      .field("driver_version", &gpuguard::NvmlStatus::driver_version)
+      .field("reason", &gpuguard::NvmlStatus::reason)
+      .done();
+
   Record<NcclStatus>(m, "NcclStatus", "NCCL as gpuguard's loader found it; ``reason`` says why it is unusable.")
       .field("loaded", &NcclStatus::loaded)
       .field("already_in_process", &NcclStatus::already_in_process)

@@ -11,7 +11,10 @@
   DDP/FSDP construction or the first collective (those wrappers are removed once the check ran);
 - ``sys.excepthook`` / ``threading.excepthook``: a device-mismatch RuntimeError gets gpuguard's report (enrich),
   and gpuguard's reports are printed in one write, whole among other ranks' output (excepthooks);
-- with ``GPUGUARD_GUARD=1``, ``guard(deep=True)`` on every module given to DDP/FSDP.
+- with ``GPUGUARD_GUARD=1``, ``guard(deep=True)`` on every module given to DDP/FSDP;
+- ``torch.load``, ``torch.cuda.synchronize``/``mem_get_info``/``empty_cache`` (and ``set_device``): once the group
+  check has bound the rank, a CUDA context such a call made on another GPU is reported with its stack
+  (context_monitor, which also polls the driver for contexts made elsewhere).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .. import context_monitor
 from . import device_index, enrich as _enrich, excepthooks, group_check
 from .patches import Patches
 
@@ -84,8 +88,24 @@ def _set_device(original: Callable[..., Any]) -> Callable[..., Any]:
             else:
                 device_index.check_index(index, call)
             group_check.note_set_device(index)
-        return original(device)
+        result = original(device)
+        context_monitor.after_call(f"torch.cuda.set_device({device!r})")
+        return result
     return set_device
+
+
+def _watched_call(name: str) -> Callable[[Any], Any]:
+    """A torch call that may make a CUDA context (torch.load without map_location, torch.cuda.synchronize() on
+    the current device, ...): once the rank is bound, a context it made on another GPU is reported with the stack."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if context_monitor.current() is not None:
+                context_monitor.after_call(name)
+            return result
+        return watched
+    return make
 
 
 def _module_to(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -221,6 +241,9 @@ def enable(origin: str = "gpuguard.auto.enable()") -> None:
         _patches.replace(torch.cuda, "set_device", _set_device)
         _patches.replace(torch.nn.Module, "to", _module_to)
         _patches.replace(torch.nn.Module, "cuda", _module_cuda)
+        _patches.replace(torch, "load", _watched_call("torch.load"))
+        for name in ("synchronize", "mem_get_info", "empty_cache"):
+            _patches.replace(torch.cuda, name, _watched_call(f"torch.cuda.{name}"))
         if dist.is_available():
             _patches.replace(dist, "init_process_group", _init_process_group)
         excepthooks.install(_patches)
@@ -239,6 +262,7 @@ def disable() -> None:
     with _lock:
         _patches.restore()
         group_check.reset()
+        context_monitor.stop()
         if _watch is not None:
             _watch.stop()
             _watch = None

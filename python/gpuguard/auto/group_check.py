@@ -33,7 +33,8 @@ from ..deadline import Deadline
 from ..devices import devices
 from ..errors import DuplicateDeviceError, GpuGuardError
 from ..binding.launchers import LaunchContext, detect, run_id
-from ..placement import RankIdentity, exchange, find_store, namespace_for, raise_for
+from ..binding.stray_contexts import stray_context_failure
+from ..placement import RankIdentity, check_gpu_processes, exchange, find_store, namespace_for, raise_for
 from ..placement.stores import env_store_for_init
 from .device_index import mapping_error, visible_gpu_count
 from . import json_report
@@ -244,6 +245,10 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
     n = visible_gpu_count()
     if n and not 0 <= chosen.index < n:
         failure = mapping_error(chosen.index, n, chosen.how, check.context)
+    if failure is None and n:  # a context of this process on another GPU, made before this one was chosen
+        failure = stray_context_failure(rank=check.context.rank, host=socket.gethostname(), own_index=chosen.index,
+                                        found=devices(), local_rank=check.context.local_rank,
+                                        local_world_size=check.context.local_world_size)
     me = _identity(check, chosen, failure)
     store = check.store or find_store(None, group=check.group, world_size=me.world_size, deadline=deadline)
     namespace = namespace_for(store, check.group, me.rank, run_id(check.context))
@@ -274,4 +279,14 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
     except GpuGuardError as exc:
         record(type(exc).__name__, str(exc))
         raise
+    try:  # other programs' memory on this rank's GPU (GPUGUARD_REQUIRE_EXCLUSIVE=1: an error on every rank)
+        check_gpu_processes(store, me, namespace=namespace, deadline=deadline,
+                            require_exclusive=os.environ.get("GPUGUARD_REQUIRE_EXCLUSIVE", "") == "1")
+    except GpuGuardError as exc:
+        record(type(exc).__name__, str(exc))
+        raise
     record(verdict.kind, verdict.message)
+    if n:  # from now on, a context made on another GPU is reported where it is made
+        from .. import context_monitor
+
+        context_monitor.start(me.rank, chosen.index)

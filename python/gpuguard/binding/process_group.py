@@ -24,7 +24,7 @@ def _supports_device_id() -> bool:
 
 def init_process_group(backend: str = "nccl", *, group: str = "default", verify_nccl: bool = False,
                        require_gpu: Optional[bool] = None, bind_timeout: float = 60,
-                       **kwargs: Any) -> Binding:
+                       require_exclusive: bool = False, **kwargs: Any) -> Binding:
     """``bind()``, then ``torch.distributed.init_process_group(backend, device_id=<the bound GPU>, ...)``.
 
     ``rank`` and ``world_size`` default to the launcher's (so ``srun``/``mpirun`` need no RANK/WORLD_SIZE);
@@ -33,7 +33,7 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
     torch's) with ``store=`` or an ``init_method`` (tcp://, file://): its store is made once, used by bind()
     and handed to torch. ``require_gpu`` defaults to whether
     the backend is NCCL. ``bind_timeout`` bounds the whole of bind(), the store creation included. Other
-    keyword arguments go to torch unchanged. Returns the Binding.
+    keyword arguments go to torch unchanged. ``require_exclusive`` is bind()'s. Returns the Binding.
     """
     import torch
     import torch.distributed as dist
@@ -62,7 +62,8 @@ def init_process_group(backend: str = "nccl", *, group: str = "default", verify_
             kwargs["store"] = env_store
             store_owner = context.rank == 0
     binding = bind_in(context, group=group, store=kwargs.get("store"), deadline=deadline,
-                      verify_nccl=verify_nccl, require_gpu=require_gpu, failure=failure, store_owner=store_owner)
+                      verify_nccl=verify_nccl, require_gpu=require_gpu, failure=failure, store_owner=store_owner,
+                      require_exclusive=require_exclusive)
     if "rank" not in kwargs and "world_size" not in kwargs:
         kwargs["rank"], kwargs["world_size"] = binding.rank, binding.world_size
     if binding.is_gpu and torch.cuda.is_available() and "device_id" not in kwargs and _supports_device_id():

@@ -29,12 +29,14 @@ from ..deadline import Deadline
 from ..devices import cuda_status, devices
 from ..errors import GpuGuardError, GpuGuardWarning, LaunchEnvironmentError, RankMappingError
 from ..group_name import is_group_name
-from ..placement import (RankIdentity, exchange, find_store, hold_until_read, namespace_for, raise_for,
-                         verify_nccl_across_ranks)
+from ..placement import (RankIdentity, check_gpu_processes, exchange, find_store, hold_until_read, namespace_for,
+                         raise_for, verify_nccl_across_ranks)
+from ..placement import foreign_processes
 from .binding import Binding
 from .cuda_state import check_cuda_state, earlier_initialisation
 from .device_choice import Resolution, check_visibility, resolve_device
 from .launchers import LaunchContext, check_spawned_child, detect, explicit_context, rank_hint, run_id
+from .stray_contexts import stray_context_failure
 from .visible_devices import parse_visible_devices
 
 logger = logging.getLogger("gpuguard")
@@ -70,6 +72,11 @@ def _resolve(context: LaunchContext, group: str, host: str, require_gpu: bool, d
     check_cuda_state([d.uuid for d in found], who, visible_now, timeout=deadline.remaining())
     check_visibility(visibility, found, status.library_loaded)
     resolution: Resolution = resolve_device(context, found, visibility, host=host)
+    if resolution.device is not None:  # a context of this process on another GPU: made before set_device
+        stray = stray_context_failure(rank=context.rank, host=host, own_index=resolution.device.index, found=found,
+                                      local_rank=resolution.local_rank, local_world_size=context.local_world_size)
+        if stray is not None:
+            raise stray
     if resolution.device is None:
         reason = status.reason or "no CUDA device is visible"
         if require_gpu:
@@ -143,15 +150,18 @@ def _identity(context: LaunchContext, group: str, host: str, binding: Optional[B
 # ---- steps 4-6: meet the other ranks -----------------------------------------------------------------------
 
 def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, deadline: Deadline,
-                      verify_nccl: bool, launch_id: str = "", store_owner: bool = False) -> Optional[Any]:
+                      verify_nccl: bool, launch_id: str = "", store_owner: bool = False,
+                      require_exclusive: bool = False) -> Optional[Any]:
     """Finds the store once, exchanges, and raises the verdict's error on this rank. A rank with a failure of
     its own only publishes it (every other rank then stops naming it) and returns: bind() raises its error."""
     found = find_store(store, group=me.group, world_size=me.world_size, deadline=deadline)
     if binding is not None and binding.launcher == "ray" and store is None:
         _publish_ray_row(binding, found)
     if found is None:  # one process: nothing to compare
-        if me.failure_kind is None and verify_nccl:
-            raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
+        if me.failure_kind is None:
+            check_gpu_processes(None, me, namespace="", deadline=deadline, require_exclusive=require_exclusive)
+            if verify_nccl:
+                raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
         return
     namespace = namespace_for(found, me.group, me.rank, launch_id)
     started = time.monotonic()
@@ -164,6 +174,12 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
     if me.failure_kind is not None:
         return verdict
     raise_for(verdict, me)
+    try:
+        check_gpu_processes(found, me, namespace=namespace, deadline=deadline, require_exclusive=require_exclusive)
+    except GpuGuardError:
+        if store_owner:  # as above: the others read the round's verdict from this process's store
+            foreign_processes.hold_until_read(found, namespace, deadline)
+        raise
     if verify_nccl:
         raise_for(verify_nccl_across_ranks(found, me, namespace=namespace, deadline=deadline), me)
 
@@ -226,11 +242,12 @@ def detect_or_hint() -> tuple[LaunchContext, Optional[LaunchEnvironmentError]]:
 
 def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadline, verify_nccl: bool,
             require_gpu: bool, failure: Optional[GpuGuardError] = None, store_owner: bool = False,
-            set_device: bool = True) -> Binding:
+            set_device: bool = True, require_exclusive: bool = False) -> Binding:
     """bind()'s steps 2-7 for an already detected launch context (init_process_group detects only once).
     ``failure``: detect()'s error, reported to the other ranks and raised. ``store_owner``: this process
     serves the store, and stays until every rank read a failing verdict (or the deadline). ``set_device``:
-    False skips step 7, the only one that imports torch."""
+    False skips step 7, the only one that imports torch. ``require_exclusive``: other programs' memory on a rank's
+    GPU stops every rank (ForeignProcessError) instead of a warning."""
     group = _group_name(group, context)
     host = socket.gethostname()
     binding: Optional[Binding] = None
@@ -241,7 +258,8 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
             failure = exc
     me = _identity(context, group, host, binding, failure)
     try:
-        verdict = _meet_other_ranks(me, binding, store, deadline, verify_nccl, run_id(context), store_owner)
+        verdict = _meet_other_ranks(me, binding, store, deadline, verify_nccl, run_id(context), store_owner,
+                                    require_exclusive)
     except GpuGuardError as meeting:
         if failure is None:
             raise
@@ -264,7 +282,8 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
 
 def bind(*, group: str = "default", store: Any = None, timeout: float = 60, verify_nccl: bool = False,
          require_gpu: bool = False, watch: bool = False, rank: Optional[int] = None,
-         world_size: Optional[int] = None, local_rank: Optional[int] = None) -> Binding:
+         world_size: Optional[int] = None, local_rank: Optional[int] = None,
+         require_exclusive: bool = False) -> Binding:
     """Binds this process to its GPU under whichever launcher started it, and returns the Binding.
 
     group: the rank's group; ranks of different groups may share a GPU (colocated roles). The default
@@ -275,6 +294,8 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
     verify_nccl: also form a real NCCL communicator and run one small all-reduce on it under the deadline
       (on a hang, again with NCCL_P2P_DISABLE=1, saying whether that cures it).
     require_gpu: no GPU is an error instead of a warning and a CPU binding.
+    require_exclusive: a rank's GPU holding memory of processes outside this job (a leftover run, another user's
+      job) stops every rank with ForeignProcessError instead of a warning naming them.
     watch: also start gpuguard.watch() (the collective watchdog, default settings) once bound.
     rank, world_size, local_rank: for processes no launcher describes (torch.multiprocessing.spawn, Lightning's
       own launcher, MPT): all three together, and the environment's launcher variables are then not read.
@@ -282,13 +303,14 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
 
     Raises LaunchEnvironmentError (launcher variables or CUDA_VISIBLE_DEVICES malformed or contradictory),
     RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
-    visibility); all are GpuGuardError.
+    visibility), StrayContextError (a CUDA context of this process on another rank's GPU, made before
+    set_device), ForeignProcessError (require_exclusive); all are GpuGuardError.
     """
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
     context, failure = _context(rank, world_size, local_rank)
     binding = bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
-                      require_gpu=require_gpu, failure=failure)
+                      require_gpu=require_gpu, failure=failure, require_exclusive=require_exclusive)
     if watch:
         from ..watchdog import watch as start_watch
         start_watch()  # starts with the first collective if the process group does not exist yet
@@ -296,14 +318,14 @@ def bind(*, group: str = "default", store: Any = None, timeout: float = 60, veri
 
 
 def preflight(*, group: str = "default", timeout: float = 60, verify_nccl: bool = False,
-              require_gpu: bool = False) -> Binding:
+              require_gpu: bool = False, require_exclusive: bool = False) -> Binding:
     """``gpuguard check``: every rank binds and meets the others exactly as the job's bind() would, without the
     last step (``torch.cuda.set_device``), so that the check never imports torch."""
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
     context, failure = _context(None, None, None)
     return bind_in(context, group=group, store=None, deadline=deadline, verify_nccl=verify_nccl,
-                   require_gpu=require_gpu, failure=failure, set_device=False)
+                   require_gpu=require_gpu, failure=failure, set_device=False, require_exclusive=require_exclusive)
 
 
 def _context(rank: Optional[int], world_size: Optional[int],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .recogniser import Recogniser
+from .recognisers.cuda_oom import CudaOutOfMemory
 from .recognisers.device_mismatch import DeviceMismatch
 from .recognisers.duplicate_gpu import DuplicateGpu
 from .recognisers.flight_recorder import FlightRecorder
@@ -19,6 +20,7 @@ RECOGNISERS: tuple[Recogniser, ...] = (
     DuplicateGpu(),
     InvalidDeviceOrdinal(),
     DeviceMismatch(),
+    CudaOutOfMemory(),
     NcclTimeout(),
     RayGpuCount(),
     GpuguardStall(),

@@ -3,14 +3,17 @@ rank the same verdict, and the optional NCCL check. Knows nothing of ``Binding``
 :class:`RankIdentity` and a :class:`~gpuguard.deadline.Deadline`.
 
 Modules, in the order bind() uses them: ``identity`` (the record), ``stores`` (protocol, checked wrapper,
-discovery), ``exchange`` (the protocol), ``verdict`` (codec and the error it raises), ``nccl_check``.
+discovery), ``exchange`` (the protocol), ``verdict`` (codec and the error it raises), ``foreign_processes``
+(other programs' memory on each rank's GPU, after the verdict), ``nccl_check``.
 """
 
+from .foreign_processes import check_gpu_processes
 from .exchange import exchange, hold_until_read, namespace_for, run_namespace
 from .identity import RankIdentity
 from .nccl_check import verify_nccl_across_ranks
 from .stores import CheckedStore, Store, env_store_for_init, find_store
 from .verdict import Verdict, raise_for
 
-__all__ = ["CheckedStore", "RankIdentity", "Store", "Verdict", "env_store_for_init", "exchange", "find_store",
+__all__ = ["CheckedStore", "RankIdentity", "Store", "Verdict", "check_gpu_processes", "env_store_for_init",
+           "exchange", "find_store",
            "hold_until_read", "namespace_for", "raise_for", "run_namespace", "verify_nccl_across_ranks"]

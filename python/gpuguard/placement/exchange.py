@@ -17,6 +17,8 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
 ``shared/n``, ``shared/<i>``        counter and list of the GPUs that got a second rank
 ``shared_ranks``                    counter: ranks on shared GPUs (for the report's totals)
 ``host/<host hash>/n``              counter: ranks of the group on that host (NCCL's host hash)
+``pid/<host hash>/<pid>``           the rank with that pid on that host: how a rank tells the job's processes on
+                                    its GPU from others (``placement.foreign_processes``, after the verdict)
 ``gpu/<host hash>/<pci>/...``       MIG ranks only: ``owner``, ``n``, ``<i>`` as under ``dev/``, for the GPU
                                     their instance belongs to (instances of one GPU share its PCI bus id)
                                     (a GPU whose MIG instances got a second rank is listed under
@@ -36,8 +38,8 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
                                     ``failed/n`` + ``failed/<i>``, ``done``, ``verdict``
 ==================================  =========================================================================
 
-Cost per rank, independent of N: a rank on a GPU of its own makes 6 store operations: set ``rec``,
-compare_set ``owner``, add ``host``, add ``arrived``, then wait + get ``verdict``. A rank that finds its GPU
+Cost per rank, independent of N: a rank on a GPU of its own makes 7 store operations: set ``rec``,
+compare_set ``owner``, add ``host``, set ``pid``, add ``arrived``, then wait + get ``verdict``. A rank that finds its GPU
 taken adds 3 (add ``dev/n``, set its slot, add ``shared_ranks``), and the second one on a GPU 2 more
 (``shared/n``, ``shared/<i>``). A rank on a MIG instance adds 1 (compare_set of its GPU's ``owner``), or 3
 to 5 when another instance of that GPU was claimed first (the same pattern under ``gpu/``). The last arriver writes the verdict instead of waiting for it, after reading
@@ -68,6 +70,7 @@ from typing import Optional
 from .._core import analyze_placement
 from ..deadline import Deadline
 from .identity import RankIdentity
+from .foreign_processes import pid_key
 from .stores import CheckedStore, Store
 from .verdict import Verdict
 
@@ -318,6 +321,7 @@ def _exchange(ns: CheckedStore, me: RankIdentity, record: bytes, deadline: Deadl
             gpu = f"{me.host_hash:016x}/{key_part(me.pci_bus_id)}"
             _claim(ns, f"gpu/{gpu}", "shared", f"gpu:{gpu}", record)
         ns.add(f"host/{me.host_hash:016x}/n", 1)
+    ns.set(pid_key(me.host_hash, me.pid), str(me.rank).encode())  # read after the verdict: which pids are ranks
     if _arrive(ns, me):
         verdict = publish(ns, "verdict", _compose(ns, me))
         if verdict.kind == "failure":  # a failed rank wrote it earlier: its readers wait for everyone

@@ -66,6 +66,17 @@ def _store_address(store: Any) -> tuple[str, int]:
                      f"a TCPStore allows. Pass store=(host, port) of a TCPStore every rank can reach.")
 
 
+def _watch_contexts(rank: int) -> bool:
+    """Reports a CUDA context this rank makes on another GPU from now on (context_monitor), unless the zero-code
+    mode already does; the rank's GPU is the current device, once torch has initialised CUDA."""
+    from .. import context_monitor
+
+    if context_monitor.current() is not None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    context_monitor.start(rank, torch.cuda.current_device())
+    return True
+
+
 def _gpu_uuid() -> str:
     try:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -125,6 +136,7 @@ class Watch:
             self._wrapped.restore()  # the recorder sees every collective: nothing to wrap, nothing to pay per call
             self._sites = SiteAnswerer(dog)
         self._dog = dog
+        self._watches_contexts = _watch_contexts(rank)
         logger.info("gpuguard.watch: rank %d watches its collectives (store %s:%d, stall after %s; %s)", rank, host,
                     port, f"{self.stall_after:g} s" if self.stall_after else f"adaptive, at least {MIN_STALL_S:g} s",
                     source.note or source.calls_note)
@@ -214,6 +226,10 @@ class Watch:
     def stop(self) -> None:
         global _active
         self._wrapped.restore()
+        if getattr(self, "_watches_contexts", False):
+            from .. import context_monitor
+
+            context_monitor.stop()
         if self._dog is not None:
             self._dog.stop()  # also ends the site answerer's wait
         if self._sites is not None:
