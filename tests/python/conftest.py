@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any, Optional
@@ -41,8 +42,9 @@ def fakes_dir() -> Path:
 class FakeGpus:
     """Environment for a process that should see the fake driver with a given topology."""
 
-    def __init__(self, fakes: Path) -> None:
+    def __init__(self, fakes: Path, state_root: Optional[str] = None) -> None:
         self.fakes = fakes
+        self.state_root = state_root
 
     def topology(self, name: str) -> dict[str, Any]:
         return json.loads((TOPOLOGIES / f"{name}.json").read_text())
@@ -55,6 +57,12 @@ class FakeGpus:
         nccl = self.fakes / "libgpuguard_fake_nccl.so"
         if nccl.exists():
             env["GPUGUARD_LIBNCCL"] = str(nccl)
+        nvml = self.fakes / "libgpuguard_fake_nvml.so"
+        if nvml.exists():
+            env["GPUGUARD_LIBNVML"] = str(nvml)
+        # the contexts the fake driver's processes hold, for the fake NVML: one folder per environment, so that
+        # processes of other tests never show up on this one's GPUs
+        env["GPUGUARD_FAKE_GPU_STATE_DIR"] = tempfile.mkdtemp(prefix="gg-fake-gpu-", dir=self.state_root)
         env["GPUGUARD_FAKE_TOPOLOGY"] = str(path)
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
@@ -65,13 +73,14 @@ class FakeGpus:
 
 
 @pytest.fixture(scope="session")
-def fake_gpus(fakes_dir: Path) -> FakeGpus:
-    return FakeGpus(fakes_dir)
+def fake_gpus(fakes_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> FakeGpus:
+    return FakeGpus(fakes_dir, str(tmp_path_factory.mktemp("fake-gpu-state")))
 
 
 def no_driver_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["GPUGUARD_LIBCUDA"] = "/nonexistent/libcuda.so.1"
+    env["GPUGUARD_LIBNVML"] = "/nonexistent/libnvidia-ml.so.1"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(extra)

@@ -16,7 +16,7 @@ from gpuguard.placement import RankIdentity
 STUB = Path(gpuguard.__file__).with_name("_core.pyi")
 RECORDS = ["ErrorInfo", "Device", "CudaStatus", "VisibleEntry", "VisibilityProblem", "VisibleDevices",
            "IdentityRecord", "SharedDevice", "PlacementReport", "NcclStatus", "NcclProbeOutcome",
-           "DriverInitRecord", "HostFingerprint", "PeerCopyResult"]
+           "DriverInitRecord", "HostFingerprint", "PeerCopyResult", "GpuProcess", "GpuUsage", "NvmlStatus"]
 
 
 def _stub_classes() -> dict[str, tuple[set[str], set[str]]]:

@@ -81,7 +81,6 @@ def foreign_report(me: RankIdentity, ns: Optional[CheckedStore],
         lines.append(f"  {format_bytes(unlisted)} in use under no process NVML lists (a process of another "
                      f"container, on drivers that leave those out of this namespace's list)")
     where = f"cuda:{me.gpu_index} ({me.gpu_uuid}) on host {me.hostname}" if me.gpu_index >= 0 else me.gpu_uuid
-    count = f"{len(foreign)} process{'es' if len(foreign) != 1 else ''}" if foreign else "memory"
     free = format_bytes(int(usage.free_memory))
     total = format_bytes(int(usage.total_memory))
     visible = [p for p in processes if p["visible"]]
@@ -91,9 +90,11 @@ def foreign_report(me: RankIdentity, ns: Optional[CheckedStore],
     fix = (f"Fix: {stop}otherwise run this rank on a GPU nobody else uses (CUDA_VISIBLE_DEVICES, or ask the "
            f"scheduler for whole GPUs)" + ("" if require_exclusive else
                                            ", or pass require_exclusive=True to bind() to refuse such a GPU") + ".")
-    message = (f"rank {me.rank} is bound to {where}, which already holds {count} of "
-               f"{'processes that are' if foreign else 'something that is'} not "
-               f"{'ranks' if foreign else 'a rank'} of this job ({free} of {total} free):\n" + "\n".join(lines) +
+    n = len(foreign)
+    whose = (f"memory of {n} process{'es' if n != 1 else ''} that {'are not ranks' if n != 1 else 'is not a rank'} "
+             f"of this job" if foreign else "memory that no rank of this job uses")
+    message = (f"rank {me.rank} is bound to {where}, which already holds {whose} ({free} of {total} free):\n"
+               + "\n".join(lines) +
                "\nThat memory is not this rank's to use: it may run out of memory, and it shares the GPU's "
                f"compute with them.\n{fix}")
     return message, processes, fix
