@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -54,6 +55,7 @@ class DoctorReport:
     visible_problem: Optional[VisibilityProblem] = None
     devices: list[Device] = field(default_factory=list)
     binding: Optional[dict[str, Any]] = None
+    gpu_processes: Optional[list[dict[str, Any]]] = None  # per visible GPU: NVML's compute processes
     peer_access: Optional[list[list[Optional[bool]]]] = None
     p2p: Optional[dict[str, Any]] = None
     nccl: Optional[dict[str, Any]] = None
@@ -82,6 +84,7 @@ class DoctorReport:
             "cuda_visible_devices": _visibility_dict(self.visible, self.visible_problem),
             "devices": [d.as_dict() for d in self.devices],
             "binding": self.binding,
+            "gpu_processes": self.gpu_processes,
             "peer_access": self.peer_access,
             "p2p": self.p2p,
             "nccl": self.nccl,
@@ -231,6 +234,46 @@ def _devices(report: DoctorReport) -> None:
         report.not_checked("devices", status.reason or "the driver reports none")
 
 
+def _gpu_processes(report: DoctorReport) -> None:
+    """Per visible GPU, the compute processes NVML lists with their memory; the current user's that started before
+    this login or job (the session leader of this process) are flagged as likely leftovers of an earlier run."""
+    import pwd
+
+    from .gpu_processes import ancestors, describe_pid, format_bytes, session_start, unlisted_memory, usage_of
+
+    if not report.devices:
+        return
+    me = pwd.getpwuid(os.getuid()).pw_name if hasattr(os, "getuid") else ""
+    since = session_start()
+    mine = ancestors(os.getpid())
+    rows: list[dict[str, Any]] = []
+    for d in report.devices:
+        usage, why = usage_of(d.uuid, d.pci_bus_id)
+        if usage is None:
+            report.not_checked("GPU processes", why)
+            return
+        processes = []
+        for p in sorted(usage.processes, key=lambda p: -int(p.used_memory)):
+            view = describe_pid(p.pid)
+            stale = (view.visible and view.user == me and since is not None and view.started is not None
+                     and view.started < since and p.pid not in mine)
+            processes.append({"pid": p.pid, "bytes": int(p.used_memory) if p.used_memory >= 0 else None,
+                              "description": view.describe(), "user": view.user or None, "started": view.started,
+                              "older_than_session": bool(stale)})
+            if stale:
+                report.find("warning", "stale_gpu_process",
+                            f"pid {p.pid} ({view.describe()}) holds {format_bytes(int(p.used_memory))} of GPU "
+                            f"{d.index} ({d.uuid}) and started before this login or job "
+                            f"({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))}): likely left over "
+                            f"from an earlier run of yours.",
+                            f"If it is a leftover, end it (kill {p.pid}; kill -9 {p.pid} if it does not exit): it "
+                            "holds that memory until it exits.")
+        rows.append({"device": d.index, "uuid": d.uuid, "total_memory": int(usage.total_memory),
+                     "used_memory": int(usage.used_memory), "free_memory": int(usage.free_memory),
+                     "unlisted_memory": unlisted_memory(usage), "processes": processes})
+    report.gpu_processes = rows
+
+
 def _tensor_checks(report: DoctorReport) -> None:
     """Whether gpuguard._libtorch (the tensor checks) matches the installed torch, judged from the files alone."""
     from ._libtorch_loader import REINSTALL, TORCH_VERSION_BUILT_FOR, built_for_another_torch
@@ -375,6 +418,7 @@ def run_doctor(*, p2p: bool = False, nccl: bool = False, timeout: float = 30.0) 
     _devices(report)
     _visibility(report)
     _binding(report, context)
+    _gpu_processes(report)
     _torch_vs_driver(report)
     _tensor_checks(report)
     _settings_findings(report)
@@ -502,6 +546,15 @@ def format_report(report: DoctorReport) -> str:
     for d in report.devices:
         cc = f"{d.compute_capability[0]}.{d.compute_capability[1]}"
         lines.append(f"GPU {d.index}: {d.name}, {d.uuid}, {d.pci_bus_id}, {d.total_memory_gib:.1f} GiB, cc {cc}")
+    if report.gpu_processes is not None:
+        from .gpu_processes import format_bytes
+
+        for row in report.gpu_processes:
+            listed = "; ".join(f"pid {p['pid']} {format_bytes(p['bytes'] if p['bytes'] is not None else -1)} "
+                               f"({p['description']})" + (" [older than this login/job]" if p["older_than_session"]
+                                                          else "") for p in row["processes"])
+            lines.append(f"GPU {row['device']} processes ({format_bytes(row['free_memory'])} of "
+                         f"{format_bytes(row['total_memory'])} free): {listed or 'none'}")
     if report.binding is not None and report.binding.get("device") is not None:
         b = report.binding
         lines.append(f"bind() would use: cuda:{b['device']} ({b['uuid']}), chosen by {b['chosen_by']}")

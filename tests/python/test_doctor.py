@@ -224,3 +224,48 @@ def test_doctor_rejects_a_non_positive_timeout(capsys):
 
     assert main(["doctor", "--timeout", "0"]) == 2
     assert capsys.readouterr().err == "gpuguard doctor: --timeout must be a positive number of seconds, not 0\n"
+
+
+# ---- compute processes per GPU (NVML) ------------------------------------------------------------------------
+
+def test_doctor_lists_each_gpus_processes_and_flags_the_users_older_than_this_login(fake_gpus, tmp_path):
+    import os
+    import subprocess
+
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # yesterday's run"])
+    try:
+        time.sleep(1.2)  # start times are kept in clock ticks: the leftover starts clearly before the session
+        topo = fake_gpus.topology("h100x4")
+        topo["gpus"][1]["processes"] = [{"pid": leftover.pid, "used_mib": 20480}, {"pid": 4_100_001, "used_mib": 512}]
+        path = tmp_path / "topology.json"
+        path.write_text(json.dumps(topo))
+        env = fake_gpus.env(str(path))
+        # a new session stands for a new login (or job): its leader starts after the leftover
+        proc = subprocess.run([sys.executable, "-m", "gpuguard", "doctor", "--json"], env=env, capture_output=True,
+                              text=True, timeout=120, start_new_session=True)
+        doc = json.loads(proc.stdout)
+        rows = {r["device"]: r for r in doc["gpu_processes"]}
+        assert rows[0]["processes"] == [] and len(rows) == 4
+        pids = {p["pid"]: p for p in rows[1]["processes"]}
+        assert pids[leftover.pid]["bytes"] == 20480 << 20 and pids[leftover.pid]["older_than_session"] is True
+        assert "yesterday's run" in pids[leftover.pid]["description"]
+        assert pids[4_100_001]["older_than_session"] is False
+        assert pids[4_100_001]["description"].startswith("not visible from this pid namespace")
+        stale = codes(doc)["stale_gpu_process"]
+        assert stale["severity"] == "warning"
+        assert stale["message"].startswith(f"pid {leftover.pid} (") and "holds 20.0 GiB of GPU 1" in stale["message"]
+        assert f"kill {leftover.pid}" in stale["fix"]
+        text = subprocess.run([sys.executable, "-m", "gpuguard", "doctor"], env=env, capture_output=True, text=True,
+                              timeout=120, start_new_session=True).stdout
+        assert f"GPU 1 processes (59.1 GiB of 79.6 GiB free): pid {leftover.pid} 20.0 GiB (" in text
+        assert "[older than this login/job]" in text and "GPU 0 processes (79.6 GiB of 79.6 GiB free): none" in text
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert os.getpid() > 0
+
+
+def test_doctor_without_nvml_says_why_processes_were_not_checked(fake_gpus):
+    code, doc = doctor_json([], fake_gpus.env("h100x4", GPUGUARD_LIBNVML="/nonexistent/libnvidia-ml.so.1"))
+    assert doc["gpu_processes"] is None
+    assert any(u["what"] == "GPU processes" and "libnvidia-ml.so.1" in u["why"] for u in doc["not_checked"])

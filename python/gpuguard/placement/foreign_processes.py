@@ -119,8 +119,6 @@ def check_gpu_processes(store: Optional[Store], me: RankIdentity, *, namespace: 
         if failure is not None:
             _raise(failure, me)
         return None
-    from .exchange import publish, read_verdict  # the exchange's codec for the one key every rank waits on
-
     rounds = ns.child("procs")
     if failure is not None:
         publish(rounds, "verdict", failure)
@@ -136,6 +134,15 @@ def check_gpu_processes(store: Optional[Store], me: RankIdentity, *, namespace: 
             rounds.set("all_read", b"1")
         _raise(verdict, me)
     return verdict
+
+
+def publish(store: CheckedStore, key: str, verdict: Verdict) -> Verdict:
+    """Writes ``verdict`` unless one is there already; returns whichever won (as the exchange's verdict)."""
+    return Verdict.decode(store.compare_set(key, b"", verdict.encode()), store.key(key))
+
+
+def read_verdict(store: CheckedStore, key: str) -> Verdict:
+    return Verdict.decode(store.get(key), store.key(key))
 
 
 def hold_until_read(store: Store, namespace: str, deadline: Deadline) -> bool:
