@@ -37,6 +37,15 @@ EXAMPLE_RUNS: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {
         "DuplicateDeviceError: 6 ranks of group 'packed' share 2 GPUs.",
         "Likely cause: Ray gave these actors 1/3 of a GPU each (num_gpus=1/3)",
         "Fix: give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1)"),
+    ("stray_context_example.py", ()): (
+        "rank 1: StrayContextError: rank 1 (host ",
+        "is bound to cuda:1 (GPU-5a6b8d11-0001-4001-8001-1f2e3d4c5b61) but already has a CUDA context on cuda:0",
+        "local rank 0's GPU): it holds 414 MiB there (NVML, pid ",
+        "rank 0: StrayContextError: rank 1 (host ",
+        "Fix: call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) (or gpuguard.bind()) first"),
+    ("stray_context_example.py", ("--fixed",)): (
+        "rank 0: cuda:0 (GPU-5a6b7c00-0000-4000-8000-1f2e3d4c5b60), no context on any other GPU",
+        "rank 1: cuda:1 (GPU-5a6b8d11-0001-4001-8001-1f2e3d4c5b61), no context on any other GPU"),
 }
 
 
@@ -71,7 +80,8 @@ def test_every_example_says_how_to_run_it_without_a_gpu_and_what_it_prints():
 
 def example_env() -> dict[str, str]:
     env = scrubbed(dict(os.environ))
-    for key in ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_FAKE_TOPOLOGY", "CUDA_VISIBLE_DEVICES",
+    for key in ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_LIBNVML", "GPUGUARD_FAKE_TOPOLOGY",
+                "GPUGUARD_FAKE_GPU_STATE_DIR", "CUDA_VISIBLE_DEVICES",
                 "RAY_ADDRESS", "PYTHONPATH"):
         env.pop(key, None)
     env["RAY_DISABLE_USAGE_STATS"] = "1"

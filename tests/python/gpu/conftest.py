@@ -20,7 +20,8 @@ from .gpu_support import nvidia_smi
 
 ROOT = Path(__file__).resolve().parents[3]
 # variables that point gpuguard at the fakes, or that a launcher running this suite would leak into children
-_SCRUB = ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_FAKE_TOPOLOGY", "GPUGUARD_FAKE_CALL_LOG",
+_SCRUB = ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_LIBNVML", "GPUGUARD_FAKE_GPU_STATE_DIR",
+          "GPUGUARD_FAKE_TOPOLOGY", "GPUGUARD_FAKE_CALL_LOG",
           "GPUGUARD_FAKE_NCCL_DIR", "CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
           "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")
 
