@@ -109,7 +109,7 @@ def test_identity_round_trips_and_peers_bytes_are_checked():
 def test_distinct_gpus_pass_on_every_rank(master):
     verdicts, ops = run_ranks(master, [ident(r, 4, r) for r in range(4)])
     assert [v.kind for v in verdicts] == ["ok"] * 4
-    assert max(ops) <= 6
+    assert max(ops) <= 7  # the exchange's docstring: 7 for a rank on a GPU of its own (its pid key included)
 
 
 def test_two_ranks_on_one_gpu_every_rank_raises_the_same_report(master):
@@ -235,12 +235,12 @@ def test_a_thousand_ranks_in_one_process_cost_constant_store_operations(master):
     for host in ("node-005", "node-077", "node-126"):
         assert f"host {host}" in message
     assert "is shared by ranks 40 and 41:" in message
-    # Per-rank cost: 6 operations on a GPU of its own, at most 13 for a rank that shares (11, plus counting
+    # Per-rank cost: 7 operations on a GPU of its own, at most 14 for a rank that shares (12, plus counting
     # itself as having read a verdict that stops the job); only the one rank
     # that writes the verdict reads more, and that is bounded by the report's size, not by the job's.
     composer_ops = max(ops)
-    assert sorted(ops)[-2] <= 13
-    assert composer_ops <= 11 + 16 * 16 * 2 + 4
+    assert sorted(ops)[-2] <= 14
+    assert composer_ops <= 12 + 16 * 16 * 2 + 4
 
 
 # ---- bind() under a real torchrun ------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ process has made for this group) keeps repeated ``bind()`` calls apart. Under it
 ==================================  =========================================================================
 
 Cost per rank, independent of N: a rank on a GPU of its own makes 7 store operations: set ``rec``,
-compare_set ``owner``, add ``host``, set ``pid``, add ``arrived``, then wait + get ``verdict``. A rank that finds its GPU
-taken adds 3 (add ``dev/n``, set its slot, add ``shared_ranks``), and the second one on a GPU 2 more
+compare_set ``owner``, add ``host``, set ``pid``, add ``arrived``, then wait + get ``verdict``. A rank that finds its
+GPU taken adds 3 (add ``dev/n``, set its slot, add ``shared_ranks``), and the second one on a GPU 2 more
 (``shared/n``, ``shared/<i>``). A rank on a MIG instance adds 1 (compare_set of its GPU's ``owner``), or 3
 to 5 when another instance of that GPU was claimed first (the same pattern under ``gpu/``). The last arriver writes the verdict instead of waiting for it, after reading
 at most 16 shared GPUs × 16 records plus their counters, so even a job in which every rank shares is
@@ -53,6 +53,10 @@ rank two more (``failed/n``, ``failed/<i>``; the readers of a failure verdict re
 every failed rank). Nothing is all-to-all: no rank ever reads every record. A failed rank's record is published like any other
 and its failure becomes the verdict at once (``compare_set``), so every rank waiting on ``verdict`` wakes
 immediately, naming it.
+
+After an ok or warning verdict bind() runs one more round through the same namespace
+(``placement.foreign_processes``: ``procs/n``, ``procs/verdict``): each rank looks up the pids NVML lists on its GPU
+(one ``check`` each, at most 32) and waits on one key, 3 to 4 operations more.
 
 Waiting is one ``store.wait([verdict], remaining)``: every outcome, including a peer's failure, is written to
 that one key, so a single blocking wait sees it the moment it is published (short polling slices would add
