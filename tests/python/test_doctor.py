@@ -58,7 +58,7 @@ def test_doctor_without_a_driver_says_what_it_could_not_check(tmp_path):
     assert code == 0  # a CPU machine is not an error
     assert doc["schema"] == "gpuguard.doctor/1"
     assert list(doc) == ["schema", "versions", "host", "launcher", "settings", "cuda", "cuda_visible_devices",
-                         "devices", "binding", "peer_access", "p2p", "nccl", "not_checked", "findings", "exit_code"]
+                         "devices", "binding", "gpu_processes", "peer_access", "p2p", "nccl", "not_checked", "findings", "exit_code"]
     assert list(doc["versions"])[:5] == ["gpuguard", "gpuguard built for torch", "python", "torch",
                                          "torch CUDA build"]
     assert doc["devices"] == [] and doc["peer_access"] is None and doc["p2p"] is None and doc["exit_code"] == 0

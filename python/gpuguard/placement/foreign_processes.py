@@ -28,8 +28,6 @@ logger = logging.getLogger("gpuguard")
 
 #: The processes of one GPU looked up in the store (and named in a message); a GPU with more is cut there.
 MAX_LOOKED_UP = 32
-#: After the deadline a rank waits this much longer for the round's verdict.
-GRACE_S = 5.0
 
 
 def pid_key(host_hash: int, pid: int) -> str:
@@ -124,7 +122,7 @@ def check_gpu_processes(store: Optional[Store], me: RankIdentity, *, namespace: 
         publish(rounds, "verdict", failure)
     if rounds.add("n", 1) == me.world_size:
         publish(rounds, "verdict", Verdict("ok"))
-    if not rounds.wait_for("verdict", max(deadline.remaining(), 0.0) + GRACE_S):
+    if not rounds.wait_for("verdict", max(deadline.remaining(), 0.0)):
         logger.warning("gpuguard: rank %d did not hear within the deadline whether every rank's GPU is free of "
                        "other processes (a rank exited after the placement check); going on", me.rank)
         return None
