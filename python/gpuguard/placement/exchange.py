@@ -54,9 +54,9 @@ every failed rank). Nothing is all-to-all: no rank ever reads every record. A fa
 and its failure becomes the verdict at once (``compare_set``), so every rank waiting on ``verdict`` wakes
 immediately, naming it.
 
-After an ok or warning verdict bind() runs one more round through the same namespace
-(``placement.foreign_processes``: ``procs/n``, ``procs/verdict``): each rank looks up the pids NVML lists on its GPU
-(one ``check`` each, at most 32) and waits on one key, 3 to 4 operations more.
+After an ok or warning verdict each rank looks up the pids NVML lists on its GPU (``placement.foreign_processes``:
+one ``check`` each, at most 32, none on a GPU of its own); with ``require_exclusive`` one more round follows through
+the same namespace (``procs/n``, ``procs/verdict``: 3 to 4 operations more), so that a refusal reaches every rank.
 
 Waiting is one ``store.wait([verdict], remaining)``: every outcome, including a peer's failure, is written to
 that one key, so a single blocking wait sees it the moment it is published (short polling slices would add

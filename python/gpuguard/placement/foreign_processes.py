@@ -3,13 +3,15 @@ co-located server): a warning naming each, or with ``require_exclusive`` an erro
 
 Runs after the exchange's verdict, when every rank has published ``pid/<host hash>/<pid>`` (one ``set`` in
 :func:`placement.exchange.exchange`): a pid NVML lists on this rank's GPU is a rank of the job exactly when its key
-exists. Then one more round, so that one rank's error reaches the others at once (under the exchange's namespace,
+exists. A warning is each rank's own. With ``require_exclusive`` (which every rank of the group must pass alike)
+one more round follows, so that one rank's error reaches the others at once (under the exchange's namespace,
 ``procs/``): a rank that refuses its GPU writes ``procs/verdict`` first (``compare_set``); the last rank to count
 itself in ``procs/n`` writes "ok"; every rank waits on that one key.
 
 Cost per rank, independent of the world size: one ``check`` per process NVML lists on its GPU besides itself
-(at most MAX_LOOKED_UP) and one ``get`` for each that is a rank, plus ``add``, ``wait`` and ``get`` of the
-round (and its ``compare_set`` for the last or refusing rank; ``add`` of ``procs/read`` when it fails).
+(at most MAX_LOOKED_UP) and one ``get`` for each that is a rank; with ``require_exclusive``, ``add``, ``wait`` and
+``get`` of the round (and its ``compare_set`` for the last or refusing rank; ``add`` of ``procs/read`` when it
+fails).
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ def check_gpu_processes(store: Optional[Store], me: RankIdentity, *, namespace: 
     if ns is None:
         if failure is not None:
             _raise(failure, me)
+        return None
+    if not require_exclusive:  # a warning is this rank's own: no round, nothing more on the store
         return None
     rounds = ns.child("procs")
     if failure is not None:
