@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets for the identity-record decoder, explain's log reader and the watchdog's reading of
-# torch's flight recorder dump (clang, AddressSanitizer + UBSan; no torch needed: all plain C++) and runs each
-# briefly. CI calls it;
-# FUZZ_SECONDS sets each one's budget.
+# torch's flight recorder dump (clang, AddressSanitizer + UBSan; plain C++ that links no torch, compiled with
+# torch's C++ ABI like every other part) and runs each briefly. CI calls it; FUZZ_SECONDS sets each one's budget.
 #   scripts/fuzz.sh            build, seed, fuzz for $FUZZ_SECONDS (default 20) seconds
+#   PYTHON=...                 the interpreter whose torch gives the C++ ABI (default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX=${FUZZ_CXX:-clang++}
+PY=${PYTHON:-python3}
 OUT=build/fuzz
 mkdir -p "$OUT/corpus"
 CORE="csrc/gpuguard/identity.cc csrc/gpuguard/placement.cc csrc/gpuguard/error.cc"
-FLAGS="-std=c++20 -g -O1 -Icsrc -Wall -Wextra -Werror -fno-omit-frame-pointer"
+# torch's C++ ABI, like every other compiled part of gpuguard (read from the torch of $PYTHON)
+ABI_FLAG=$("$PY" cmake/torch_build_flags.py --abi-flag)
+FLAGS="-std=c++20 -g -O1 -Icsrc -Wall -Wextra -Werror -fno-omit-frame-pointer $ABI_FLAG"
+echo "fuzz.sh: building with $ABI_FLAG (the torch of $PY)"
 "$CXX" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   tests/fuzz/fuzz_identity_decode.cc $CORE -o "$OUT/fuzz_identity_decode"
 "$CXX" $FLAGS tests/fuzz/make_seeds.cc $CORE -o "$OUT/make_seeds"

@@ -1,31 +1,62 @@
 #!/usr/bin/env bash
-# Runs every test: builds the C++ core, the fakes and the in-place extension (build/dev), runs the
-# GoogleTest suite with ctest, then the pytest suite against this source tree.
+# Runs every test: builds the C++ core, the fakes and the in-place extension, runs the GoogleTest suite with
+# ctest, then the pytest suite against this source tree.
 #   scripts/test.sh              everything
-#   scripts/test.sh --sanitize   the C++ tests only, built with AddressSanitizer + UBSan (build/asan)
+#   scripts/test.sh --sanitize   the C++ tests only, built with AddressSanitizer + UBSan
 #   extra arguments after -- go to pytest, e.g. scripts/test.sh -- -k devices
+#   PYTHON=/path/to/python ...   another interpreter (and its torch): a build folder of its own
+# The build folder is build/dev (build/asan) for the default python3, and build/dev-<tag> (build/asan-<tag>) for
+# another PYTHON, the tag naming its Python and torch (py3.10-torch2.6.0). The modules land in python/gpuguard/
+# named per Python (with their build record), so builds for several Pythons live side by side; a build for the
+# same Python with another torch replaces them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
+PY=$(command -v "$PY") || { echo "test.sh: no interpreter '${PYTHON:-python3}'" >&2; exit 1; }
+
+# The tag, and the build record's name for this Python, without importing torch (slow) or anything compiled.
+read -r TAG RECORD SUFFIX TORCH < <(PYTHONPATH=python "$PY" - <<'EOF'
+import importlib.machinery, importlib.metadata, sys
+from gpuguard._libtorch_loader import build_record_name
+try:
+    torch = importlib.metadata.version("torch")
+except importlib.metadata.PackageNotFoundError:
+    torch = "none"
+print(f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.split('+')[0]}", build_record_name(),
+      importlib.machinery.EXTENSION_SUFFIXES[0], torch)
+EOF
+)
+if [ -n "${PYTHON:-}" ]; then SUFFIX_DIR="-$TAG"; else SUFFIX_DIR=""; fi
 
 if [ "${1:-}" = "--sanitize" ]; then
-  cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGPUGUARD_BUILD_TESTS=ON \
-    -DGPUGUARD_SANITIZE=ON -DGPUGUARD_BUILD_PYTHON=OFF -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
-  cmake --build build/asan -j "$JOBS"
+  cmake -S . -B "build/asan$SUFFIX_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGPUGUARD_BUILD_TESTS=ON \
+    -DGPUGUARD_SANITIZE=ON -DGPUGUARD_BUILD_PYTHON=OFF -DPython_EXECUTABLE="$PY" >/dev/null
+  cmake --build "build/asan$SUFFIX_DIR" -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build/asan --output-on-failure -j "$JOBS"
+    ctest --test-dir "build/asan$SUFFIX_DIR" --output-on-failure -j "$JOBS"
   exit 0
 fi
 [ "${1:-}" = "--" ] && shift
+BUILD="build/dev$SUFFIX_DIR"
 
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUGUARD_BUILD_TESTS=ON \
-  -DGPUGUARD_INPLACE=ON -DPython_EXECUTABLE="$(command -v "$PY")" >/dev/null
-cmake --build build/dev -j "$JOBS"
-ctest --test-dir build/dev --output-on-failure -j "$JOBS"
+# The in-place modules of this Python were built for another torch (another build folder, same Python): remove
+# them, so that this folder's build links its own instead of taking theirs for up to date.
+record="python/gpuguard/$RECORD.py"
+built_for=$(sed -n 's/^TORCH_VERSION = "\([^"+]*\).*/\1/p' "$record" 2>/dev/null || true)
+if [ -n "$built_for" ] && [ "$built_for" != "${TORCH%%+*}" ]; then
+  echo "test.sh: python/gpuguard/ holds modules built for torch $built_for; rebuilding them for torch $TORCH"
+  rm -f "python/gpuguard/_core$SUFFIX" "python/gpuguard/_libtorch$SUFFIX"
+fi
 
-export GPUGUARD_FAKES_DIR="$PWD/build/dev/tests/fakes"
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUGUARD_BUILD_TESTS=ON \
+  -DGPUGUARD_INPLACE=ON -DPython_EXECUTABLE="$PY" >/dev/null
+cmake --build "$BUILD" -j "$JOBS"
+ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
+
+export GPUGUARD_FAKES_DIR="$PWD/$BUILD/tests/fakes"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+echo "test.sh: $TAG in $BUILD; to re-run a test quickly: GPUGUARD_FAKES_DIR=$GPUGUARD_FAKES_DIR PYTHONPATH=$PWD/python $PY -m pytest ..."
 set +e
 "$PY" -m pytest "$@"
 rc=$?

@@ -11,18 +11,29 @@ called, and ``gpuguard doctor`` reports it as a finding.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import re
 from types import ModuleType
 from typing import Optional
 
 REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps gpuguard"
 
 
+def build_record_name() -> str:
+    """The build record's module name for this interpreter: _build_info_ and the extension suffix the compiled
+    modules carry (``_build_info_cpython_310_x86_64_linux_gnu``), as csrc/python/CMakeLists.txt names it, so that
+    builds for several Pythons in one folder each keep their own."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]  # ".cpython-310-x86_64-linux-gnu.so"
+    soabi = suffix[1:-3] if suffix.endswith(".so") else suffix[1:]
+    return "_build_info_" + re.sub(r"[^A-Za-z0-9]", "_", soabi)
+
+
 def _built_for() -> Optional[str]:
     try:
-        from ._build_info import TORCH_VERSION
+        record = importlib.import_module(f".{build_record_name()}", __package__)
     except ImportError:  # a build without _libtorch (GPUGUARD_BUILD_LIBTORCH=OFF), or a broken checkout
         return None
-    return str(TORCH_VERSION)
+    return str(record.TORCH_VERSION)
 
 
 TORCH_VERSION_BUILT_FOR: Optional[str] = _built_for()

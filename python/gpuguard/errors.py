@@ -1,8 +1,15 @@
-"""gpuguard's exceptions: one base, one class per failure, each with structured fields beside the message."""
+"""gpuguard's exceptions: one base, one class per failure, each with structured fields beside the message; notes
+on an exception (``add_note``) and their printing, alike on every supported Python."""
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+import traceback
+from typing import Any, Optional
+
+# BaseException.add_note and the printing of __notes__ arrived in Python 3.11 (PEP 678). On 3.10 a note is kept in
+# the same attribute, __notes__, and printed by format_exception() below and by the str() of gpuguard's own errors.
+NOTES_PRINTED_BY_PYTHON = sys.version_info >= (3, 11)
 
 
 class GpuGuardError(RuntimeError):
@@ -16,7 +23,7 @@ class GpuGuardError(RuntimeError):
 
     def without_fix(self) -> str:
         """The message up to its fix sentence(s): what is wrong, without how to fix it."""
-        message = str(self)
+        message = RuntimeError.__str__(self)
         if self.fix and message.endswith(self.fix):
             return message[: len(message) - len(self.fix)].rstrip()
         return message
@@ -26,6 +33,16 @@ class GpuGuardError(RuntimeError):
         if name in details:
             return details[name]
         raise AttributeError(name)
+
+    if not NOTES_PRINTED_BY_PYTHON:
+        def __str__(self) -> str:
+            # Python 3.10 prints no __notes__: the message carries them, so that every printer shows them (Ray's
+            # remote tracebacks, logging, torchrun's error files), as 3.11 prints them under the message.
+            notes = self.__dict__.get("__notes__")
+            base = RuntimeError.__str__(self)
+            if not isinstance(notes, list) or not notes:
+                return base
+            return "\n".join([base] + [n if isinstance(n, str) else repr(n) for n in notes])
 
 
 class DuplicateDeviceError(GpuGuardError):
@@ -85,3 +102,55 @@ class RayRendezvousError(GpuGuardError):
 
 class GpuGuardWarning(UserWarning):
     """Something is off but the run can go on (bound to the CPU for want of a GPU, ...)."""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` on every supported Python: on 3.10, which lacks it, the note goes into
+    ``exc.__notes__`` as 3.11 would put it (a list, created on the first note), and format_exception() prints it."""
+    if not isinstance(note, str):
+        raise TypeError(f"a note must be a str, not {type(note).__name__}")
+    if NOTES_PRINTED_BY_PYTHON:
+        BaseException.add_note(exc, note)  # type: ignore[attr-defined]  # not exc.add_note: subclasses' __getattr__
+        return
+    notes = exc.__dict__.get("__notes__")
+    if notes is None:
+        notes = exc.__notes__ = []  # type: ignore[attr-defined]
+    elif not isinstance(notes, list):
+        raise TypeError("cannot add a note: __notes__ is not a list")
+    notes.append(note)
+
+
+def format_exception(exc_type: Optional[type], exc: Optional[BaseException], tb: Any) -> list[str]:
+    """``traceback.format_exception`` with every exception's notes under its message, on 3.10 too (where Python
+    prints none; gpuguard's own errors carry theirs in their message there, and are not printed twice)."""
+    if NOTES_PRINTED_BY_PYTHON or exc is None:
+        return traceback.format_exception(exc_type, exc, tb)
+    described = traceback.TracebackException(type(exc), exc, tb, compact=True)
+    chain: list[tuple[Optional[str], traceback.TracebackException, BaseException]] = []
+    te: Optional[traceback.TracebackException] = described
+    current: Optional[BaseException] = exc
+    while te is not None and current is not None:  # TracebackException's own chain, walked beside the exceptions
+        if te.__cause__ is not None:
+            link, next_te, next_exc = _CAUSE, te.__cause__, current.__cause__
+        elif te.__context__ is not None and not te.__suppress_context__:
+            link, next_te, next_exc = _CONTEXT, te.__context__, current.__context__
+        else:
+            link, next_te, next_exc = None, None, None
+        chain.append((link, te, current))  # link: printed before this exception, after the one it links to
+        te, current = next_te, next_exc
+    lines: list[str] = []
+    for link, te_, current_ in reversed(chain):
+        if link is not None:
+            lines.append(link)
+        if te_.stack:
+            lines.append("Traceback (most recent call last):\n")
+            lines.extend(te_.stack.format())
+        lines.extend(te_.format_exception_only())
+        notes = getattr(current_, "__notes__", None)
+        if isinstance(notes, list) and not isinstance(current_, GpuGuardError):
+            lines.extend((n if isinstance(n, str) else repr(n)) + "\n" for n in notes)
+    return lines
+
+
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"

@@ -335,7 +335,7 @@ def test_e_right_model_runs_with_the_one_line(fake_gpus):
 WRITES_PROBE = """
 import json, sys
 import torch
-from gpuguard.errors import DuplicateDeviceError
+from gpuguard.errors import DuplicateDeviceError, add_note
 
 class Recording:  # a stderr that keeps each write apart
     def __init__(self): self.writes = []
@@ -354,7 +354,7 @@ def writes_of(exc):
     return recorded.writes
 
 ours = DuplicateDeviceError("2 ranks of group 'default' share 1 GPU.\\nFix: start at most 1 process")
-ours.add_note("gpuguard (auto, at init_process_group): rank 1 is on cuda:0")
+add_note(ours, "gpuguard (auto, at init_process_group): rank 1 is on cuda:0")  # exc.add_note is 3.11+
 print(json.dumps({"ours": writes_of(ours), "other": writes_of(ValueError("not gpuguard's"))}))
 """
 

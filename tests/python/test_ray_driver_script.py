@@ -67,12 +67,13 @@ def test_the_package_and_what_it_hands_to_ray_pickle_by_reference_or_by_value():
                                   "RayPlacementError", "RayRendezvousError"])
 def test_every_error_class_pickles_with_its_message_fix_fields_and_notes(name):
     import gpuguard
+    from gpuguard.errors import add_note
     from ray import cloudpickle
 
     cls = getattr(gpuguard, name)
     err = cls("ranks 0 and 1 share GPU-1. Fix: one GPU per rank", fix="Fix: one GPU per rank", ranks=[0, 1],
               uuid="GPU-1")
-    err.add_note("gpuguard (auto, at init_process_group): rank 0 is on cuda:0")
+    add_note(err, "gpuguard (auto, at init_process_group): rank 0 is on cuda:0")  # exc.add_note is 3.11+
     for dumps in (pickle.dumps, cloudpickle.dumps):
         back = pickle.loads(dumps(err))
         assert type(back) is cls and str(back) == str(err)

@@ -15,6 +15,8 @@ import threading
 import types
 from typing import Any, Optional
 
+from ..errors import add_note
+
 MARKERS = ("Expected all tensors to be on the same device", "is not on the expected device")
 NOTE_PREFIX = "gpuguard: "
 _printed = False
@@ -88,7 +90,7 @@ def enrich(exc: BaseException) -> bool:
         return False
     if text is None:
         return False
-    exc.add_note(text)
+    add_note(exc, text)
     return True
 
 

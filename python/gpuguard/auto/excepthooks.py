@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import sys
 import threading
-import traceback
 from typing import Any
 
+from ..errors import NOTES_PRINTED_BY_PYTHON, GpuGuardError, format_exception
 from . import enrich as _enrich
 
 
 def _ours(exc: BaseException) -> bool:
-    from ..errors import GpuGuardError
-
     notes = getattr(exc, "__notes__", None) or []
     return isinstance(exc, GpuGuardError) or any(
         isinstance(n, str) and n.startswith(_enrich.NOTE_PREFIX) for n in notes)
@@ -31,8 +29,19 @@ def print_whole(exc_type: type, exc: BaseException, tb: Any, stream: Any = None)
     stream = sys.stderr if stream is None else stream
     if stream is None:  # pythonw, or stderr closed: nowhere to print, as with Python's own hook
         return
-    stream.write("".join(traceback.format_exception(exc_type, exc, tb)))
+    stream.write("".join(format_exception(exc_type, exc, tb)))  # with the notes, on Python 3.10 too
     stream.flush()
+
+
+def _notes_after(exc: BaseException) -> None:
+    """Python 3.10 only: the notes of an exception that another hook printed (which leaves them out), after it.
+    gpuguard's own errors carry their notes in their message there."""
+    notes = getattr(exc, "__notes__", None)
+    if NOTES_PRINTED_BY_PYTHON or isinstance(exc, GpuGuardError) or not isinstance(notes, list) or not notes \
+            or sys.stderr is None:
+        return
+    sys.stderr.write("".join(f"{n}\n" for n in notes))
+    sys.stderr.flush()
 
 
 def excepthook(original: Any) -> Any:
@@ -41,7 +50,10 @@ def excepthook(original: Any) -> Any:
             _enrich.enrich(exc)
         if exc is not None and original is sys.__excepthook__ and _ours(exc):
             return print_whole(exc_type, exc, tb)
-        return original(exc_type, exc, tb)
+        result = original(exc_type, exc, tb)
+        if exc is not None and _ours(exc):
+            _notes_after(exc)
+        return result
     hook.__wrapped__ = original  # type: ignore[attr-defined]
     return hook
 
@@ -51,7 +63,10 @@ def thread_excepthook(original: Any) -> Any:
         exc = args.exc_value
         if exc is not None and _enrich.is_device_mismatch(exc) and _enrich.first_time():
             _enrich.enrich(exc)
-        return original(args)
+        result = original(args)
+        if exc is not None and _ours(exc):
+            _notes_after(exc)
+        return result
     hook.__wrapped__ = original  # type: ignore[attr-defined]
     return hook
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 from .._core import host_fingerprint
 from ..deadline import Deadline
 from ..devices import devices
-from ..errors import DuplicateDeviceError, GpuGuardError
+from ..errors import DuplicateDeviceError, GpuGuardError, add_note
 from ..binding.launchers import LaunchContext, detect, run_id
 from ..binding.stray_contexts import stray_context_failure
 from ..placement import RankIdentity, check_gpu_processes, exchange, find_store, namespace_for, raise_for
@@ -273,7 +273,7 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
                 note += (f" Ray Train gave each training worker {share:g} GPU (ScalingConfig(resources_per_worker="
                          f"{{'GPU': {share:g}}})); fix: give each a whole GPU, resources_per_worker={{'GPU': 1}} "
                          f"(the default with use_gpu=True), with num_workers no more than the cluster's GPUs.")
-        exc.add_note(note)
+        add_note(exc, note)
         record(type(exc).__name__, f"{exc}\n{chosen.how}")
         raise
     except GpuGuardError as exc:
