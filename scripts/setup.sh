@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for gpuguard: build tools (Debian packages), torch, Ray (with its Jobs API and Ray
-# Train, which the tests drive) and the test tools
-# (PyPI), then builds and installs gpuguard against the installed torch. Safe to run again.
+# Train, which the tests drive) and the test tools (PyPI), then builds and installs gpuguard against the installed
+# torch. Safe to run again.
+#   PYTHON=...            the interpreter (a venv's) to install into (default python3)
+#   GPUGUARD_TORCH / GPUGUARD_RAY   what to ask pip for (default the supported floors: torch>=2.6,
+#                         ray[default,train]>=2.43; an installed version in the range is kept)
+#   GPUGUARD_BUILD_TYPE   CMake build type of the installed modules (default Release)
+#   scripts/setup.sh --system-only    the Debian packages alone (CI, before it makes its venvs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +16,7 @@ command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v g++ >/dev/null || need_apt+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 command -v clang++ >/dev/null || need_apt+=(clang)
+command -v ccache >/dev/null || need_apt+=(ccache)
 # the real-cluster tests (tests/cluster): SLURM, munge, Open MPI, MPICH, and ip for the namespaces' links
 command -v slurmd >/dev/null || need_apt+=(slurm-wlm)
 command -v munged >/dev/null || need_apt+=(munge)
@@ -27,10 +33,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+[ "${1:-}" = "--system-only" ] && exit 0
 
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --disable-pip-version-check \
-  "torch>=2.4" "ray[default,train]>=2.39" numpy "scikit-build-core>=0.10" "pybind11>=2.12" "pytest>=8" pytest-timeout
+  "${GPUGUARD_TORCH:-torch>=2.6}" "${GPUGUARD_RAY:-ray[default,train]>=2.43}" numpy "scikit-build-core>=0.10" \
+  "pybind11>=2.12" "pytest>=8" pytest-timeout
 # --no-build-isolation: gpuguard._libtorch must be compiled against the torch installed above (its ABI and version).
-"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir=build/wheel .
-echo "setup: gpuguard $("$PY" -c 'import gpuguard; print(gpuguard.__version__)') installed against torch $("$PY" -c 'import torch; print(torch.__version__)')"
+# One build folder per Python and torch, as scripts/test.sh keeps (tests/python/test_torch_mismatch.py reuses it).
+tag=$("$PY" -c 'import sys, importlib.metadata as m; print(f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{m.version(\"torch\").split(\"+\")[0]}")')
+"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir="build/wheel-$tag" \
+  -Ccmake.build-type="${GPUGUARD_BUILD_TYPE:-Release}" .
+echo "setup: gpuguard $("$PY" -c 'import gpuguard; print(gpuguard.__version__)') installed against torch $("$PY" -c 'import torch; print(torch.__version__)') ($tag)"

@@ -39,6 +39,10 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
     from .watchdog import Watch, watch
 
 from ._version import __version__
+from .supported_versions import python_problem as _python_problem
+
+if _python_problem():  # an older Python fails later, somewhere, with a less clear error (PEP 604, add_note, ...)
+    raise ImportError(_python_problem())
 
 # Public name -> (module, attribute). Loaded on first use (PEP 562), so that the command line and anything else
 # that needs no torch starts without importing it: torch alone costs seconds and most of a gigabyte. The compiled

@@ -22,6 +22,7 @@ import warnings
 from typing import Any, Optional
 
 from ..errors import RayPlacementError
+from ..supported_versions import ray_problem
 from ..group_name import is_group_name
 from .report import PlacementReport, read_report
 from .store import current_job_id, store_actor
@@ -40,7 +41,10 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise RayPlacementError("gpuguard.ray_placement needs Ray: pip install 'ray>=2.39'") from exc
+        raise RayPlacementError("gpuguard.ray_placement needs Ray: pip install 'ray[default]>=2.43'") from exc
+    problem = ray_problem(ray.__version__)
+    if problem:  # an older Ray lacks what gpuguard's Ray integration relies on (supported_versions.py says what)
+        raise RayPlacementError(problem, ray_version=ray.__version__)
     return ray
 
 

@@ -25,6 +25,7 @@ import sys
 from typing import Any, Optional
 
 from ..errors import RayRendezvousError, RendezvousTimeoutError
+from ..supported_versions import ray_problem
 
 NAMESPACE = "gpuguard"
 # Extra seconds a client waits beyond the store-side deadline, for the call's own round trip.
@@ -146,7 +147,10 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - the Ray paths are only reached with Ray installed
-        raise RayRendezvousError("gpuguard's Ray rendezvous needs Ray: pip install 'ray>=2.39'") from exc
+        raise RayRendezvousError("gpuguard's Ray rendezvous needs Ray: pip install 'ray[default]>=2.43'") from exc
+    problem = ray_problem(ray.__version__)
+    if problem:  # an older Ray lacks what gpuguard's Ray integration relies on (supported_versions.py says what)
+        raise RayRendezvousError(problem, ray_version=ray.__version__)
     return ray
 
 
@@ -163,10 +167,23 @@ def in_ray_worker() -> bool:
 def in_ray_train_worker() -> bool:
     """True inside a Ray Train training worker, where Ray Train (not the user) calls init_process_group.
 
-    Ray Train sets each worker's train context before its backend forms the process group; the module is
-    Ray's internal one, so anything unexpected there means "not known to be Ray Train"."""
+    Ray Train V2 (the default in newer Ray: RAY_TRAIN_V2_ENABLED defaults to 1 in 2.60, to 0 in 2.43) sets each
+    worker's train context before its backend forms the process group. V1 (2.43's default) forms it from
+    ray.train.torch.config before any context exists, and wraps the model from ray.train.torch.train_loop_utils;
+    so a frame of either on the stack says Ray Train too. The modules are Ray's internal ones, so anything
+    unexpected there means "not known to be Ray Train"."""
     context = sys.modules.get("ray.train.v2._internal.execution.context")
-    return getattr(context, "_train_context", None) is not None
+    if getattr(context, "_train_context", None) is not None:
+        return True
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") in _RAY_TRAIN_TORCH_MODULES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_RAY_TRAIN_TORCH_MODULES = ("ray.train.torch.config", "ray.train.torch.train_loop_utils")
 
 
 def current_job_id() -> str:
