@@ -145,6 +145,8 @@ def format_exception(exc_type: Optional[type], exc: Optional[BaseException], tb:
         if te_.stack:
             lines.append("Traceback (most recent call last):\n")
             lines.extend(te_.stack.format())
+        if getattr(te_, "__notes__", None) is not None:  # a Python that prints notes itself (tests run this path)
+            te_.__notes__ = None
         lines.extend(te_.format_exception_only())
         notes = getattr(current_, "__notes__", None)
         if isinstance(notes, list) and not isinstance(current_, GpuGuardError):
