@@ -2,10 +2,15 @@
 #include "watch.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <Python.h>
@@ -24,8 +29,8 @@ constexpr std::size_t kMaxStackBytes = 48 * 1024;
 // CPython's own GIL-free dumper, the one faulthandler uses from its watchdog thread (dump_traceback_later) and
 // from signal handlers: it reads every thread's frames without taking the GIL, so it works while the main
 // thread is blocked in C holding it. Declared in an internal header, and exported by libpython 3.11 and 3.12
-// only (3.9, 3.10 and 3.13 keep it local): looked up when the module loads, never linked, so that gpuguard._core
-// loads on every Python and a watchdog report there says why it has no stack.
+// only (3.10 and 3.13 keep it local): looked up when the module loads, never linked, so that gpuguard._core loads on
+// every Python; elsewhere faulthandler's signal handler runs it for us (below).
 using DumpTracebackThreads = const char* (*)(int fd, PyInterpreterState* interp, PyThreadState* current_tstate);
 
 DumpTracebackThreads traceback_dumper() {
@@ -34,25 +39,57 @@ DumpTracebackThreads traceback_dumper() {
   return dumper;
 }
 
-std::string dump_python_stacks(PyInterpreterState* interp) {
-  DumpTracebackThreads dump = traceback_dumper();
-  if (dump == nullptr) {
-    std::string version = Py_GetVersion();  // "3.10.13 (main, ...": a static string, safe without the GIL
-    return "(no stack: Python " + version.substr(0, version.find(' ')) +
-           " does not export _Py_DumpTracebackThreads, which gpuguard needs to read stacks without the GIL)\n";
-  }
-  std::FILE* file = std::tmpfile();
-  if (file == nullptr) return "(no stack: tmpfile() failed)";
-  int fd = fileno(file);
-  const char* failure = dump(fd, interp, nullptr);
+// Where the dumper is not exported: faulthandler's handler for a user signal calls the same dumper, without the GIL,
+// in the thread the signal is sent to. gpuguard.watch() registers one (watchdog/stacks.py:
+// faulthandler.register(signum, file=..., all_threads=True)) and names the signal and the file's descriptor here; the
+// watchdog's thread then sends the signal to itself, and the handler has written every Python thread's stack to
+// the file by the time pthread_kill returns (a signal a thread sends itself is handled before the call returns).
+std::mutex signal_dump_mutex;
+int signal_dump_number = 0;  // guarded by signal_dump_mutex; 0: not armed
+int signal_dump_fd = -1;
+
+std::string read_dump(int fd) {
   std::string out;
   if (::lseek(fd, 0, SEEK_SET) == 0) {
     char buf[4096];
     ssize_t n;
     while (out.size() < kMaxStackBytes && (n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
   }
-  std::fclose(file);
   if (out.size() > kMaxStackBytes) out.resize(kMaxStackBytes);
+  return out;
+}
+
+std::string dump_by_signal() {
+  std::lock_guard<std::mutex> lock(signal_dump_mutex);
+  if (::ftruncate(signal_dump_fd, 0) != 0 || ::lseek(signal_dump_fd, 0, SEEK_SET) != 0)
+    return std::string("(no stack: the stack file cannot be reset: ") + std::strerror(errno) + ")\n";
+  int rc = ::pthread_kill(::pthread_self(), signal_dump_number);
+  if (rc != 0) return std::string("(no stack: pthread_kill failed: ") + std::strerror(rc) + ")\n";
+  std::string out = read_dump(signal_dump_fd);
+  if (out.empty()) return "(no stack: faulthandler wrote nothing: its handler for the signal was replaced)\n";
+  return out;
+}
+
+bool signal_dump_armed() {
+  std::lock_guard<std::mutex> lock(signal_dump_mutex);
+  return signal_dump_number != 0;
+}
+
+std::string dump_python_stacks(PyInterpreterState* interp) {
+  DumpTracebackThreads dump = traceback_dumper();
+  if (dump == nullptr) {
+    if (signal_dump_armed()) return dump_by_signal();
+    std::string version = Py_GetVersion();  // "3.10.13 (main, ...": a static string, safe without the GIL
+    return "(no stack: Python " + version.substr(0, version.find(' ')) +
+           " does not export _Py_DumpTracebackThreads, which gpuguard needs to read stacks without the GIL, and "
+           "faulthandler's signal handler was not registered in its place)\n";
+  }
+  std::FILE* file = std::tmpfile();
+  if (file == nullptr) return "(no stack: tmpfile() failed)";
+  int fd = fileno(file);
+  const char* failure = dump(fd, interp, nullptr);
+  std::string out = read_dump(fd);
+  std::fclose(file);
   if (failure != nullptr) out += std::string("(stack dump: ") + failure + ")\n";
   return out;
 }
@@ -151,6 +188,15 @@ void bind_watchdog(py::module_& m) {
   "One read of torch's flight recorder as the watchdog makes it (no GIL): the JSON text, or RuntimeError naming why "
   "it cannot be used (no such recorder, no per-group status).");
 
+  m.def("exports_stack_dumper", [] { return traceback_dumper() != nullptr; },
+        "Whether this Python exports _Py_DumpTracebackThreads (3.11 and 3.12 do), which the watchdog calls itself.");
+  m.def("dump_stacks_by_signal", [](int signum, int fd) {
+    std::lock_guard<std::mutex> lock(signal_dump_mutex);
+    signal_dump_number = signum;
+    signal_dump_fd = fd;
+  }, py::arg("signum"), py::arg("fd"),
+  "Where this Python does not export the dumper: the signal faulthandler.register(signum, file=<fd's file>, "
+  "all_threads=True) now answers, and the descriptor it writes to; the watchdog sends itself the signal for a stack.");
   m.def("dump_python_stacks", [] {
     PyInterpreterState* interp = PyInterpreterState_Get();
     py::gil_scoped_release nogil;

@@ -25,6 +25,7 @@ from torch.distributed import distributed_c10d
 from .._core import Watchdog
 from .collectives import Wrapped, describe_sizes, group_identity
 from .recorder import ProgressSource, SiteAnswerer, choose_source, describe_groups
+from . import stacks
 
 logger = logging.getLogger("gpuguard")
 
@@ -123,6 +124,9 @@ class Watch:
         directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
         self.report_path = os.path.join(directory, f"gpuguard-stall-rank{rank}-pid{os.getpid()}.json")
         source = choose_source()
+        no_stacks = stacks.arm()  # Python 3.10 and 3.13: the stacks through faulthandler's signal handler
+        if no_stacks:
+            logger.warning("gpuguard.watch: stall reports will carry no Python stack: %s", no_stacks)
         dog = Watchdog(
             store_host=host, store_port=port, prefix=f"gpuguard/watch/{run}/{self._generation}/", rank=rank,
             world_size=world_size, host=socket.gethostname(), pid=os.getpid(), gpu=_gpu_uuid(),
