@@ -41,7 +41,7 @@ PY=${PYTHON:-python3}
   "pybind11>=2.12" "pytest>=8" pytest-timeout
 # --no-build-isolation: gpuguard._libtorch must be compiled against the torch installed above (its ABI and version).
 # One build folder per Python and torch, as scripts/test.sh keeps (tests/python/test_torch_mismatch.py reuses it).
-tag=$("$PY" -c 'import sys, importlib.metadata as m; print(f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{m.version(\"torch\").split(\"+\")[0]}")')
+tag=$("$PY" -c 'import sys, importlib.metadata as m; v = m.version("torch").split("+")[0]; print("py%d.%d-torch%s" % (sys.version_info[0], sys.version_info[1], v))')
 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir="build/wheel-$tag" \
   -Ccmake.build-type="${GPUGUARD_BUILD_TYPE:-Release}" .
 echo "setup: gpuguard $("$PY" -c 'import gpuguard; print(gpuguard.__version__)') installed against torch $("$PY" -c 'import torch; print(torch.__version__)') ($tag)"
