@@ -16,8 +16,13 @@ from typing import Any, Callable, Optional, TypeVar, Union
 import torch
 from torch import nn
 
+from . import traced_checks
 from ._libtorch_loader import libtorch
 from .errors import DeviceMismatchError
+
+# True only in code torch.compile's Dynamo traces, where it sends the checks to traced_checks (run at trace time on
+# Dynamo's fake tensors); a plain False everywhere else. torch.compiler.is_dynamo_compiling exists since torch 2.3.
+_dynamo_tracing = torch.compiler.is_dynamo_compiling
 
 __all__ = ["GuardHandle", "assert_same_device", "find_device_mismatch", "guard", "same_device"]
 
@@ -103,8 +108,15 @@ def same_device(fn: F) -> F:
         names = _positional_names(fn, n + (1 if has_module else 0))
         return names[1:] if has_module else names
 
+    def arg_names(module: Any, n: int) -> list[str]:
+        return labels(n, module is not None)
+
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> Any:
+        if _dynamo_tracing():
+            module = args[0] if args and isinstance(args[0], nn.Module) else None
+            traced_checks.run(_check_inputs, module, args[1:] if module is not None else args, kwargs, arg_names)
+            return fn(*args, **kwargs)
         checks = libtorch()
         if not checks.checks_disabled():
             if args and isinstance(args[0], nn.Module):
@@ -114,6 +126,13 @@ def same_device(fn: F) -> F:
         return fn(*args, **kwargs)
 
     return checked  # type: ignore[return-value]
+
+
+def _check_inputs(module: Optional[nn.Module], args: tuple[Any, ...], kwargs: Optional[dict[str, Any]]) -> None:
+    """@same_device's check with every input already named (traced_checks.run)."""
+    checks = libtorch()
+    if not checks.checks_disabled():
+        checks.check_call(module, args, kwargs, None, None)
 
 
 def _positional_names(fn: Callable[..., Any], n: int) -> list[str]:
@@ -139,6 +158,20 @@ def _positional_names(fn: Callable[..., Any], n: int) -> list[str]:
 def _forward_arg_names(module: nn.Module, n: int) -> list[str]:
     """Names of a forward's positional arguments (``self`` excluded), for the C++ pre-hooks' reports."""
     return _positional_names(module.forward, n)
+
+
+def _traceable(check: Callable[..., None]) -> Callable[..., None]:
+    """The C++ pre-hook ``check`` as the hook guard() registers: eagerly ``check`` itself (one Python call more);
+    while torch.compile traces, the same check at trace time (traced_checks), which Dynamo can follow."""
+
+    def hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
+        if _dynamo_tracing():
+            traced_checks.run(check, module, args, kwargs, _forward_arg_names)
+            return None
+        return check(module, args, kwargs)
+
+    hook.__qualname__ = hook.__name__ = getattr(check, "__name__", "gpuguard_check")
+    return hook
 
 
 class GuardHandle:
@@ -186,6 +219,16 @@ def _owns_parameters(module: nn.Module) -> bool:
     return any(p is not None for p in module._parameters.values())
 
 
+class _Leave:
+    """The root's forward ended: DeepGuard.leave() as traced_checks.run calls it while torch.compile traces."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def __call__(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        self._state.leave()
+
+
 class _DeepGuard:
     """deep=True: the root's first pre-hook and its always-called forward hook.
 
@@ -201,16 +244,23 @@ class _DeepGuard:
 
     def __init__(self, root: nn.Module) -> None:
         self._state = libtorch().DeepGuard(root)
+        self._leave_traced = _Leave(self._state)
         self._root_check: Optional[Callable[..., None]] = None
         self._layers: dict[str, tuple[Any, Any]] = {}  # name -> (weak reference to the module, hook handle)
 
-    def __call__(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+    def __call__(self, module: nn.Module, args: Any, kwargs: Any = None) -> None:
+        if _dynamo_tracing():  # this same call, run at trace time on Dynamo's fake tensors
+            traced_checks.run(self, module, args, kwargs, _forward_arg_names)
+            return
         if self._state.enter(module, args, kwargs):
             self.hook_layers(module)
         if self._root_check is not None:
             self._root_check(module, args, kwargs)
 
     def after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if _dynamo_tracing():
+            traced_checks.run(self._leave_traced, module, (), None, _forward_arg_names)
+            return
         self._state.leave()
 
     def hooked_layers(self) -> list[str]:
@@ -227,7 +277,7 @@ class _DeepGuard:
         for name, sub in wanted.items():  # module order, as named_modules() gives it
             kept = self._layers.get(name)
             if kept is None:
-                hook = self._state.layer_hook(name, type(sub).__name__)
+                hook = _traceable(self._state.layer_hook(name, type(sub).__name__))
                 kept = (weakref.ref(sub), sub.register_forward_pre_hook(hook, with_kwargs=True))
             layers[name] = kept
         self._layers = layers
@@ -254,7 +304,7 @@ def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
     checks = libtorch()
     handle = GuardHandle(module, deep)
     if not deep:
-        handle._handles.append(module.register_forward_pre_hook(checks.forward_hook(), with_kwargs=True))
+        handle._handles.append(module.register_forward_pre_hook(_traceable(checks.forward_hook()), with_kwargs=True))
         return handle
     deep_guard = _DeepGuard(module)
     deep_guard._state.enter(module, (), None)  # the tree as it is now; no call in progress

@@ -14,6 +14,9 @@ namespace {
 
 using LabelsFn = std::function<py::object(Py_ssize_t)>;
 
+// Set while a check runs for torch.compile's tracer (run_traced): read by guard(deep=True)'s record of the call.
+thread_local bool t_tracing = false;
+
 // The call's tensors into `agreement`. The argument tuple itself is walked by hand: it cannot be part of a
 // reference cycle, and a plain tuple of tensors (the common forward) then needs no visited-set at all.
 void call_devices(py::handle args, py::handle kwargs, DeviceAgreement& agreement) {
@@ -108,12 +111,16 @@ void describe_model_around(const DeepCall& deep, const std::vector<TensorEntry>&
       ++context.others_on_layer_device;
     }
   }
+  // the traced root forward when torch.compile traces one (else the eager one: a block compiled on its own
+  // inside an eager root's forward)
+  const bool traced = t_tracing && deep.traced_in_root;
+  const bool in_root = traced || deep.depth > 0;
   // outside the root's forward the layer was called directly: its inputs are its caller's
-  context.input_from_caller = deep.depth == 0;
-  if (deep.depth > 0 && layer_device) {
+  context.input_from_caller = !in_root;
+  if (in_root && layer_device) {
     for (const auto& e : entries) {
       if (e.role != TensorRole::kInput || !e.tensor.defined() || e.tensor.device() == *layer_device) continue;
-      const auto& in = deep.caller_inputs;
+      const auto& in = traced ? deep.traced_caller_inputs : deep.caller_inputs;
       if (std::find(in.begin(), in.end(), e.tensor.unsafeGetTensorImpl()) != in.end()) {
         context.input_from_caller = true;
       }
@@ -294,9 +301,10 @@ DeepGuard::DeepGuard(py::handle root) : call_(std::make_shared<DeepCall>()) {
 }
 
 bool DeepGuard::enter(py::handle module, py::handle args, py::handle kwargs) {
-  if (call_->depth++ == 0) {
+  if (t_tracing || call_->depth++ == 0) {
     constexpr std::size_t kMaxRemembered = 64;  // a report needs the caller's tensors, not a bound on calls
-    auto& inputs = call_->caller_inputs;
+    call_->traced_in_root = t_tracing;
+    auto& inputs = t_tracing ? call_->traced_caller_inputs : call_->caller_inputs;
     inputs.clear();
     AddressSet seen;
     auto remember = [&](py::handle obj) {
@@ -313,7 +321,21 @@ bool DeepGuard::enter(py::handle module, py::handle args, py::handle kwargs) {
 }
 
 void DeepGuard::leave() {
-  if (call_->depth > 0 && --call_->depth == 0) call_->caller_inputs.clear();
+  if (t_tracing) {
+    call_->traced_in_root = false;
+    call_->traced_caller_inputs.clear();
+  } else if (call_->depth > 0 && --call_->depth == 0) {
+    call_->caller_inputs.clear();
+  }
+}
+
+py::object run_traced(py::handle fn, py::handle module, py::handle args, py::handle kwargs) {
+  struct Tracing {
+    bool before = t_tracing;
+    Tracing() { t_tracing = true; }
+    ~Tracing() { t_tracing = before; }
+  } tracing;
+  return fn(module, args, kwargs);
 }
 
 py::object DeepGuard::layer_hook(std::string name, std::string type) {

@@ -50,7 +50,17 @@ struct DeepCall {
   // the TensorImpls of the outermost call's tensor inputs (bounded): alive while that call runs, so an
   // address here cannot be reused by an activation
   std::vector<const c10::TensorImpl*> caller_inputs;
+  // The same for the forward torch.compile is tracing, kept apart from the eager record: a trace that stops
+  // half-way (an error, Dynamo restarting its analysis) never ends with leave(), and must not leave the eager
+  // forwards believing they are nested. The next traced forward of the root starts afresh.
+  bool traced_in_root = false;
+  std::vector<const c10::TensorImpl*> traced_caller_inputs;
 };
+
+// fn(module, args, kwargs) as a check run while torch.compile traces (python/gpuguard/traced_checks.py), on the
+// tensors Dynamo traces with; guard(deep=True)'s DeepGuard then keeps its record of the root's call apart from
+// the eager one. Returns fn's result.
+py::object run_traced(py::handle fn, py::handle module, py::handle args, py::handle kwargs);
 
 // guard(module, deep=True): the pre-hook of one layer. Checks the layer's own parameters and buffers (read
 // afresh on every call: a layer has a handful) against its inputs, naming the layer in the report.

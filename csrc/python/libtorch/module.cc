@@ -29,6 +29,9 @@ void bind_tensor_devices(py::module_& m) {
         "A new forward pre-hook (with_kwargs=True) for guard(module): the whole tree against the inputs.");
   m.def("layer_hook", &gp::make_layer_hook, py::arg("name"), py::arg("type"),
         "A new forward pre-hook (with_kwargs=True) for one layer under guard(module, deep=True).");
+  m.def("run_traced", &gp::run_traced, py::arg("fn"), py::arg("module"), py::arg("args"), py::arg("kwargs"),
+        "fn(module, args, kwargs) as a check run while torch.compile traces (guard(deep=True) keeps its record "
+        "of the traced call apart from the eager one).");
   py::class_<gp::DeepGuard>(m, "DeepGuard",
                             "guard(module, deep=True): the root's view of its tree and of the call in progress.")
       .def(py::init<py::handle>(), py::arg("root"))
