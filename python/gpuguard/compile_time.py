@@ -91,16 +91,17 @@ def _raise_at_trace_time(error: DeviceMismatchError) -> NoReturn:
 def _real(var: ComptimeVar) -> Any:
     """The Python object behind a traced local that is no tensor: a constant, a function, a module, a hook.
 
-    ComptimeVar gives constants only; a module or a C function is a Dynamo VariableTracker whose ``value`` is
-    the object itself (torch 2.6 to 2.15). Reading it adds no guard: the check's outcome depends only on the
-    devices (and dimensions) of the tensors, which Dynamo guards anyway.
+    ComptimeVar gives constants only. A module, a C function or any other object is a Dynamo VariableTracker that
+    holds the object itself: ``value`` (``module`` for a module Dynamo specialises on, in older torch such as 2.6). Reading it
+    adds no guard: the check's outcome depends only on the devices and dimensions of the tensors, which Dynamo
+    guards anyway.
     """
     if var.is_python_constant():
         return var.as_python_constant()
     tracked = var._i_will_not_complain_if_bc_breaks_VariableTracker()
-    missing = object()
-    value = getattr(tracked, "value", missing)
-    if value is missing:
-        raise RuntimeError(f"gpuguard: cannot read {type(tracked).__name__} while torch.compile traces; the "
-                           f"device check did not run. Please report this with your torch version.")
-    return value
+    tracked = tracked.realize()  # a local Dynamo has not looked into yet is a LazyVariableTracker
+    for attribute in ("value", "module"):
+        if attribute in vars(tracked):
+            return vars(tracked)[attribute]
+    raise RuntimeError(f"gpuguard: cannot read {type(tracked).__name__} while torch.compile traces, so the device "
+                       f"check cannot run; please report this with your torch version ({torch.__version__})")

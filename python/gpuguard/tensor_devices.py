@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import weakref
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -289,6 +290,15 @@ class _DeepGuard:
         self._root_check = None
 
 
+def _inside_compiled(module: nn.Module) -> nn.Module:
+    """The model inside what torch.compile(model) returned: hooked there, the checks run while Dynamo traces and
+    never in a compiled step; on the wrapper they would run eagerly around every step."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no wrapper exists before Dynamo was imported
+    while eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+        module = module._orig_mod
+    return module
+
+
 def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
     """Checks devices on every forward of ``module`` through forward pre-hooks (keyword arguments included).
 
@@ -298,9 +308,15 @@ def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
     PyTorch would fail. A model split across devices on purpose (each layer's inputs on its weights' device)
     passes. Returns a handle whose ``remove()`` takes the hooks away. ``GPUGUARD_DISABLE=1`` makes every
     check a no-op.
+
+    Under torch.compile the checks run once, when Dynamo traces the model, and a compiled step runs none. Guard
+    the model before its first compiled call: Dynamo does not watch a module's hooks, so a guard added later is
+    only checked once something else makes it compile again. Given what torch.compile returned, the model
+    inside it is guarded.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"gpuguard.guard expects an nn.Module, not {type(module).__name__}")
+    module = _inside_compiled(module)
     checks = libtorch()
     handle = GuardHandle(module, deep)
     if not deep:

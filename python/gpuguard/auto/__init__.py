@@ -146,6 +146,8 @@ def _init_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(extra, dict):
             kwargs.update(extra)
         check = group_check.before_init(kwargs, kwargs.get("backend"))
+        if _flag("GPUGUARD_GUARD"):
+            _arm_module_wrappers()  # guard(deep=True) whatever the backend (gloo on the CPU too)
         if check is not None:
             _arm_triggers()
             device_id = kwargs.get("device_id")
@@ -192,10 +194,16 @@ def _collective(name: str) -> Callable[[Any], Any]:
 
 def _arm_triggers() -> None:
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     for name in COLLECTIVES:
         _patches.replace(dist, name, _collective(name))
+    _arm_module_wrappers()
+
+
+def _arm_module_wrappers() -> None:
+    """DDP's and FSDP's __init__: the pending group check's trigger, and guard(deep=True) with GPUGUARD_GUARD=1."""
+    from torch.nn.parallel import DistributedDataParallel
+
     _patches.replace(DistributedDataParallel, "__init__", _before_wrapping("DistributedDataParallel"))
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
