@@ -39,11 +39,16 @@ def run(fn: Callable[..., Any], module: Any, args: Any, kwargs: Optional[dict[st
     if isinstance(args, tuple):
         positional = len(args)
         for i, value in enumerate(args):
-            _collect(value, i, "", slots, paths, tensors, 0)
+            if isinstance(value, torch.Tensor):  # the common case, without a call (each costs Dynamo time)
+                slots.append(i)
+                paths.append("")
+                tensors.append(value)
+            else:
+                _collect(value, i, "", slots, paths, tensors, 0)
     elif args is not None:
         positional = 1
         _collect(args, 0, "", slots, paths, tensors, 0)
-    if isinstance(kwargs, dict):
+    if kwargs:
         for key, value in kwargs.items():
             _collect(value, str(key), "", slots, paths, tensors, 0)
     # torch._dynamo is loaded whenever this runs (Dynamo is tracing it), but importing it here, where Dynamo

@@ -23,6 +23,8 @@ SAMPLES = {
     "invalid_device_ordinal": "[rank9]: RuntimeError: CUDA error: invalid device ordinal",
     "device_mismatch": "RuntimeError: Expected all tensors to be on the same device, but found at least two "
                        "devices, cuda:3 and cuda:1!",
+    "gpuguard_device_mismatch": "gpuguard.errors.DeviceMismatchError: gpuguard: tensors that must share one device "
+                                "are on 2 devices: cuda:1, cuda:3.",
     # torch's out-of-memory message, one per pattern (the texts users posted: tests/python/test_explain_oom.py)
     "oom_stray_contexts": "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.10 GiB of "
                           "which 4.00 MiB is free. Process 11 has 414.00 MiB memory in use. Including non-PyTorch "
@@ -53,8 +55,8 @@ SAMPLES = {
 
 
 def test_kinds_and_help_come_from_the_registry_in_its_order():
-    assert KINDS == ("duplicate_gpu", "invalid_device_ordinal", "device_mismatch", "oom_stray_contexts",
-                     "oom_other_process", "oom_genuine", "nccl_first_collective_hang",
+    assert KINDS == ("duplicate_gpu", "invalid_device_ordinal", "device_mismatch", "gpuguard_device_mismatch",
+                     "oom_stray_contexts", "oom_other_process", "oom_genuine", "nccl_first_collective_hang",
                      "nccl_timeout", "ray_gpu_count", "gpuguard_stall", "nccl_watchdog_stuck",
                      "flight_recorder_missing_ranks", "flight_recorder_dumped", "nccl_ras_missing", "nccl_ras_behind",
                      "nccl_ras_diagnostics", "torchrun_failures")

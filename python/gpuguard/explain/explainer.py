@@ -116,7 +116,7 @@ class LogExplainer:
         # multi-byte character the decoder replaced is not offered: the reader's bytes are the truth)
         candidates = [r for r in READING_ORDER if keywords & _KEYWORD_MASKS[r]]
         body, number = self._unwrap(number, raw, body, origin, following, candidates)
-        line = Line(number, body, origin, self._context)
+        line = Line(number, body, origin, self._context, following)
         # each recogniser's matches contain one of its keywords, so skipping the others loses nothing; a keyword
         # that only a joined piece brought in belongs to that piece's own line, which is read on its own
         for recogniser in candidates:

@@ -17,13 +17,15 @@ from .model import Diagnosis, Group
 
 
 class Line(NamedTuple):
-    """One line offered to a recogniser: its number, its text without prefixes, who printed it, and the raw
-    lines before it (up to CONTEXT_LINES, oldest first, as ``(number, text)``)."""
+    """One line offered to a recogniser: its number, its text without prefixes, who printed it, the raw
+    lines before it (up to CONTEXT_LINES, oldest first, as ``(number, text)``) and the raw line right after it
+    (None when the reader did not hand it over: the log ended, or a line was skipped)."""
 
     number: int
     body: str
     origin: Origin
     context: Sequence[tuple[int, str]]
+    following: Optional[str] = None
 
 
 #: Gives the Group that accumulates one kind of diagnosis (made on first use).

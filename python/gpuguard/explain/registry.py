@@ -7,6 +7,7 @@ from .recognisers.cuda_oom import CudaOutOfMemory
 from .recognisers.device_mismatch import DeviceMismatch
 from .recognisers.duplicate_gpu import DuplicateGpu
 from .recognisers.flight_recorder import FlightRecorder
+from .recognisers.gpuguard_device_mismatch import GpuguardDeviceMismatch
 from .recognisers.gpuguard_stall import GpuguardStall
 from .recognisers.invalid_device_ordinal import InvalidDeviceOrdinal
 from .recognisers.nccl_diagnostics import NcclDiagnostics
@@ -20,6 +21,7 @@ RECOGNISERS: tuple[Recogniser, ...] = (
     DuplicateGpu(),
     InvalidDeviceOrdinal(),
     DeviceMismatch(),
+    GpuguardDeviceMismatch(),
     CudaOutOfMemory(),
     NcclTimeout(),
     RayGpuCount(),
