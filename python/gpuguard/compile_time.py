@@ -8,6 +8,7 @@ CompileTimeDeviceMismatchError, the form Dynamo passes to the user unchanged. Im
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NoReturn
 
 import torch
@@ -60,6 +61,9 @@ def run_now(ctx: ComptimeContext) -> None:
         base = names[slot] if isinstance(slot, int) and slot < len(names) else (
             f"args[{slot}]" if isinstance(slot, int) else slot)
         inputs[base + path] = tensor
+    expected = ctx.get_local("expected").as_python_constant()
+    if expected is not None:
+        fn = functools.partial(fn, expected=expected)
     try:
         libtorch().run_traced(fn, module, (), inputs)
     except DeviceMismatchError as error:

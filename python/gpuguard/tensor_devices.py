@@ -55,7 +55,17 @@ def assert_same_device(model_or_tensor: Any, *tensors: Any,
     Returns the common device (``None`` when no tensor was given). Raises ``DeviceMismatchError``, whose
     message groups the tensors by device and ends with the fix, and whose ``groups`` hold the same as data.
     With ``GPUGUARD_DISABLE=1`` nothing is checked and ``None`` is returned.
+
+    In code torch.compile traces it checks once, at trace time, and returns the common device as a constant of
+    the compiled code (GPUGUARD_DISABLE is then read at trace time, and the device is returned all the same).
     """
+    if _dynamo_tracing():
+        device = _as_device(expected)
+        if isinstance(model_or_tensor, nn.Module):
+            found = traced_checks.run(_check_inputs, model_or_tensor, tensors, None, _tensors_arg_names, device)
+            return traced_checks.common_device(model_or_tensor, found, device)
+        found = traced_checks.run(_check_inputs, None, (model_or_tensor, *tensors), None, _call_arg_names, device)
+        return traced_checks.common_device(None, found, device)
     checks = libtorch()
     if checks.checks_disabled():
         return None
@@ -95,6 +105,14 @@ def _call_labels(n: int) -> list[str]:
     return ["model_or_tensor"] + [f"tensors[{i}]" for i in range(n - 1)]
 
 
+def _tensors_arg_names(module: Any, n: int) -> list[str]:
+    return _tensors_labels(n)
+
+
+def _call_arg_names(module: Any, n: int) -> list[str]:
+    return _call_labels(n)
+
+
 def same_device(fn: F) -> F:
     """Decorator: checks every call of ``fn`` before it runs.
 
@@ -129,11 +147,12 @@ def same_device(fn: F) -> F:
     return checked  # type: ignore[return-value]
 
 
-def _check_inputs(module: Optional[nn.Module], args: tuple[Any, ...], kwargs: Optional[dict[str, Any]]) -> None:
-    """@same_device's check with every input already named (traced_checks.run)."""
+def _check_inputs(module: Optional[nn.Module], args: tuple[Any, ...], kwargs: Optional[dict[str, Any]],
+                  expected: Optional[torch.device] = None) -> None:
+    """assert_same_device's and @same_device's check with every input already named (traced_checks.run)."""
     checks = libtorch()
     if not checks.checks_disabled():
-        checks.check_call(module, args, kwargs, None, None)
+        checks.check_call(module, args, kwargs, expected, None)
 
 
 def _positional_names(fn: Callable[..., Any], n: int) -> list[str]:

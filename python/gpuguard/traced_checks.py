@@ -26,9 +26,10 @@ _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes)
 # ---- traced by Dynamo -----------------------------------------------------------------------------------
 
 def run(fn: Callable[..., Any], module: Any, args: Any, kwargs: Optional[dict[str, Any]],
-        arg_names: Callable[[Any, int], list[str]]) -> None:
-    """At trace time, ``fn(module, (), {name: fake tensor})``: the check, given every tensor of the call by the
-    name the eager report gives it (``arg_names(module, len(args))`` names the positional arguments).
+        arg_names: Callable[[Any, int], list[str]], expected: Optional[torch.device] = None) -> list[Any]:
+    """At trace time, ``fn(module, (), {name: tensor})`` (with ``expected=`` when given): the check, given every
+    tensor of the call by the name the eager report gives it (``arg_names(module, len(args))`` names the
+    positional arguments). Returns the tensors it found.
 
     Traced by Dynamo: only containers are read here, so the graph gains nothing.
     """
@@ -54,6 +55,26 @@ def run(fn: Callable[..., Any], module: Any, args: Any, kwargs: Optional[dict[st
     # torch._dynamo is loaded whenever this runs (Dynamo is tracing it), but importing it here, where Dynamo
     # traces the import, fails on torch 2.6: it is reached through torch
     torch._dynamo.comptime.comptime(_run_now)
+    return tensors
+
+
+def common_device(module: Any, tensors: list[Any], expected: Optional[torch.device]) -> Optional[torch.device]:
+    """What assert_same_device returns once the check passed, read from metadata Dynamo knows while tracing: every
+    tensor agrees, so the first that is not a 0-dim CPU tensor (which agrees with any device) gives the device."""
+    if expected is not None:
+        return expected
+    scalar = False
+    for t in tensors:
+        if t.device.type != "cpu" or t.dim() != 0:
+            return t.device
+        scalar = True
+    if module is not None:
+        for owned in (module.parameters(), module.buffers()):
+            for t in owned:
+                if t.device.type != "cpu" or t.dim() != 0:
+                    return t.device
+                scalar = True
+    return torch.device("cpu") if scalar else None
 
 
 def _collect(obj: Any, slot: Any, path: str, slots: list[Any], paths: list[str], tensors: list[Any],

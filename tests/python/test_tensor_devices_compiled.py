@@ -281,6 +281,29 @@ def test_deep_guard_gives_each_layer_the_same_verdict_compiled_as_eager(case):
     assert at_compile.layer == "layers.2"
 
 
+def test_assert_same_device_in_compiled_code_checks_at_trace_time_and_returns_the_common_device():
+    model = Net()
+
+    def step(x: torch.Tensor, mask: torch.Tensor) -> Any:
+        device = gpuguard.assert_same_device(model, x, {"m": mask})
+        return (model(x.to(device)), device, gpuguard.assert_same_device(x, expected="cpu"),
+                gpuguard.assert_same_device(torch.tensor(2.0)), gpuguard.assert_same_device(None))
+
+    def bare(x: torch.Tensor, mask: torch.Tensor) -> Any:
+        return model(x.to(torch.device("cpu"))), torch.tensor(2.0)
+
+    x, mask = torch.randn(3, 4), torch.ones(3, 2)
+    fn, graphs = compiled(step, fullgraph=True)
+    out, device, expected, scalar, nothing = fn(x, mask)
+    assert (device, expected, scalar, nothing) == (torch.device("cpu"), torch.device("cpu"), torch.device("cpu"), None)
+    bare_fn, bare_graphs = compiled(bare, fullgraph=True)
+    bare_fn(x, mask)
+    assert graphs.ops() == bare_graphs.ops() and torch.equal(out, model(x))
+    eager = eager_error(gpuguard.assert_same_device, model, x, {"m": mask.to("meta")})
+    fn, _ = compiled(step, fullgraph=True)
+    assert_same_report(compile_error(fn, x, mask.to("meta")), eager)
+
+
 # ---- once per compilation, never per step ---------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", list(GUARDS))
