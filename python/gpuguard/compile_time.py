@@ -96,9 +96,9 @@ def _real(var: ComptimeVar) -> Any:
     """The Python object behind a traced local that is no tensor: a constant, a function, a module, a hook.
 
     ComptimeVar gives constants only. A module, a C function or any other object is a Dynamo VariableTracker that
-    holds the object itself: ``value`` (``module`` for a module Dynamo specialises on, in older torch such as 2.6). Reading it
-    adds no guard: the check's outcome depends only on the devices and dimensions of the tensors, which Dynamo
-    guards anyway.
+    holds the object itself: ``value`` (``module`` for a module Dynamo specialises on, in older torch such as
+    2.6). Reading it adds no guard: the check's outcome depends only on the devices and dimensions of the
+    tensors, which Dynamo guards anyway.
     """
     if var.is_python_constant():
         return var.as_python_constant()

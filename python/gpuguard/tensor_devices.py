@@ -134,7 +134,8 @@ def same_device(fn: F) -> F:
     def checked(*args: Any, **kwargs: Any) -> Any:
         if _dynamo_tracing():
             module = args[0] if args and isinstance(args[0], nn.Module) else None
-            traced_checks.run(_check_inputs, module, args[1:] if module is not None else args, kwargs, arg_names)
+            traced_checks.run(_check_inputs, module, args[1:] if module is not None else args, kwargs, arg_names,
+                              None)
             return fn(*args, **kwargs)
         checks = libtorch()
         if not checks.checks_disabled():
@@ -186,7 +187,7 @@ def _traceable(check: Callable[..., None]) -> Callable[..., None]:
 
     def hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
         if _dynamo_tracing():
-            traced_checks.run(check, module, args, kwargs, _forward_arg_names)
+            traced_checks.run(check, module, args, kwargs, _forward_arg_names, None)
             return None
         return check(module, args, kwargs)
 
@@ -270,7 +271,7 @@ class _DeepGuard:
 
     def __call__(self, module: nn.Module, args: Any, kwargs: Any = None) -> None:
         if _dynamo_tracing():  # this same call, run at trace time on Dynamo's fake tensors
-            traced_checks.run(self, module, args, kwargs, _forward_arg_names)
+            traced_checks.run(self, module, args, kwargs, _forward_arg_names, None)
             return
         if self._state.enter(module, args, kwargs):
             self.hook_layers(module)
@@ -279,7 +280,7 @@ class _DeepGuard:
 
     def after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if _dynamo_tracing():
-            traced_checks.run(self._leave_traced, module, (), None, _forward_arg_names)
+            traced_checks.run(self._leave_traced, module, (), None, _forward_arg_names, None)
             return
         self._state.leave()
 

@@ -26,12 +26,13 @@ _PLAIN_LEAVES = (type(None), bool, int, float, complex, str, bytes)
 # ---- traced by Dynamo -----------------------------------------------------------------------------------
 
 def run(fn: Callable[..., Any], module: Any, args: Any, kwargs: Optional[dict[str, Any]],
-        arg_names: Callable[[Any, int], list[str]], expected: Optional[torch.device] = None) -> list[Any]:
-    """At trace time, ``fn(module, (), {name: tensor})`` (with ``expected=`` when given): the check, given every
+        arg_names: Callable[[Any, int], list[str]], expected: Optional[torch.device]) -> list[Any]:
+    """At trace time, ``fn(module, (), {name: tensor})`` (with ``expected=`` when not None): the check, given every
     tensor of the call by the name the eager report gives it (``arg_names(module, len(args))`` names the
     positional arguments). Returns the tensors it found.
 
-    Traced by Dynamo: only containers are read here, so the graph gains nothing.
+    Traced by Dynamo: only containers are read here, so the graph gains nothing. (No default argument: Dynamo
+    would guard it on every compiled call.)
     """
     slots: list[Any] = []
     paths: list[str] = []
