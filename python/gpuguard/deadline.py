@@ -5,6 +5,11 @@ from __future__ import annotations
 import time
 
 
+#: How long past a deadline a call may still wait for the one peer that reports on it (bind()'s timeout verdict);
+#: every store call of a cross-rank check is bounded by what is left of the deadline plus this.
+GRACE_S = 5.0
+
+
 class Deadline:
     """A point in time ``seconds`` from now (monotonic clock). ``total`` is what the caller asked for, for
     messages ("within 60 s"); ``remaining()`` is what is left of it for the next wait."""
@@ -15,9 +20,9 @@ class Deadline:
         self.total = float(seconds)
         self._end = time.monotonic() + self.total
 
-    def remaining(self) -> float:
-        """Seconds left, never negative."""
-        return max(0.0, self._end - time.monotonic())
+    def remaining(self, grace: float = 0.0) -> float:
+        """Seconds left, never negative; with ``grace``, of the deadline moved that much later."""
+        return max(0.0, self._end + grace - time.monotonic())
 
     def expired(self) -> bool:
         return time.monotonic() >= self._end

@@ -236,6 +236,9 @@ class TcpStore {
     py::gil_scoped_release nogil;
     gpuguard::value_or_throw(client_->wait(wire, timeout));
   }
+  // torch.distributed.Store's timeout: what get() waits for its key, and the bound of every other call.
+  std::chrono::milliseconds timeout() const { return client_->timeout(); }
+  void set_timeout(std::chrono::milliseconds timeout) { client_->set_timeout(timeout); }
   py::bytes compare_set(const std::string& key, const py::bytes& expected, const py::bytes& desired) {
     std::string e = expected, d = desired, v;
     {
@@ -268,7 +271,9 @@ void bind_tcp_store(py::module_& m) {
       .def("add", &TcpStore::add, py::arg("key"), py::arg("amount"))
       .def("check", &TcpStore::check, py::arg("keys"))
       .def("wait", &TcpStore::wait, py::arg("keys"), py::arg("timeout"))
-      .def("compare_set", &TcpStore::compare_set, py::arg("key"), py::arg("expected"), py::arg("desired"));
+      .def("compare_set", &TcpStore::compare_set, py::arg("key"), py::arg("expected"), py::arg("desired"))
+      .def_property_readonly("timeout", &TcpStore::timeout)
+      .def("set_timeout", &TcpStore::set_timeout, py::arg("timeout"));
 }
 
 }  // namespace

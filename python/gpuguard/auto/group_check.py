@@ -251,7 +251,7 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
                                         local_world_size=check.context.local_world_size)
     me = _identity(check, chosen, failure)
     store = check.store or find_store(None, group=check.group, world_size=me.world_size, deadline=deadline)
-    namespace = namespace_for(store, check.group, me.rank, run_id(check.context))
+    namespace = namespace_for(store, check.group, me.rank, run_id(check.context), deadline)
     verdict = exchange(store, me, namespace=namespace, deadline=deadline)
     record: Callable[[str, str], None] = lambda kind, message: json_report.write(
         check.context, check.group, chosen.index, chosen.how, trigger, kind, message)
@@ -280,7 +280,7 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
         record(type(exc).__name__, str(exc))
         raise
     try:  # other programs' memory on this rank's GPU (GPUGUARD_REQUIRE_EXCLUSIVE=1: an error on every rank)
-        check_gpu_processes(store, me, namespace=namespace, deadline=deadline,
+        check_gpu_processes(store, me, namespace=verdict.namespace, deadline=deadline,
                             require_exclusive=os.environ.get("GPUGUARD_REQUIRE_EXCLUSIVE", "") == "1")
     except GpuGuardError as exc:
         record(type(exc).__name__, str(exc))

@@ -163,25 +163,26 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
             if verify_nccl:
                 raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
         return
-    namespace = namespace_for(found, me.group, me.rank, launch_id)
+    namespace = namespace_for(found, me.group, me.rank, launch_id, deadline)
     started = time.monotonic()
     verdict = exchange(found, me, namespace=namespace, deadline=deadline)
     logger.debug("gpuguard: cross-rank check of group %r (%d ranks): %s in %.3f s", me.group, me.world_size,
                  verdict.kind, time.monotonic() - started)
-    if store_owner and (me.failure_kind is not None or verdict.kind not in ("ok", "warning")):
+    if store_owner and verdict.namespace and (me.failure_kind is not None or verdict.kind not in ("ok", "warning")):
         # this process serves the store: exiting now would cut off ranks still starting up from the verdict
-        hold_until_read(found, namespace, deadline)
+        hold_until_read(found, verdict.namespace, deadline)
     if me.failure_kind is not None:
         return verdict
     raise_for(verdict, me)
-    try:
-        check_gpu_processes(found, me, namespace=namespace, deadline=deadline, require_exclusive=require_exclusive)
+    try:  # in the epoch the exchange took place in, where every rank's pid key is
+        check_gpu_processes(found, me, namespace=verdict.namespace, deadline=deadline,
+                            require_exclusive=require_exclusive)
     except GpuGuardError:
         if store_owner:  # as above: the others read the round's verdict from this process's store
-            foreign_processes.hold_until_read(found, namespace, deadline)
+            foreign_processes.hold_until_read(found, verdict.namespace, deadline)
         raise
     if verify_nccl:
-        raise_for(verify_nccl_across_ranks(found, me, namespace=namespace, deadline=deadline), me)
+        raise_for(verify_nccl_across_ranks(found, me, namespace=verdict.namespace, deadline=deadline), me)
 
 
 def _publish_ray_row(binding: Binding, found: Any) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from ..deadline import Deadline
+from ..deadline import GRACE_S, Deadline
 from ..errors import ForeignProcessError
 from ..gpu_processes import (UNLISTED_WORTH_SAYING_BYTES, describe_pid, format_bytes, unlisted_memory, usage_of)
 from .identity import RankIdentity
@@ -104,8 +104,9 @@ def check_gpu_processes(store: Optional[Store], me: RankIdentity, *, namespace: 
                         require_exclusive: bool) -> Optional[Verdict]:
     """Warns (or, with ``require_exclusive``, raises ForeignProcessError on every rank) when a rank's GPU holds
     memory of processes outside the job. ``store`` None: a job of one process (every other process is foreign).
+    ``namespace``: where the exchange took place (``Verdict.namespace``: its epoch), which holds the pid keys.
     Returns the round's verdict (None without a store); raises GpuGuardError when the store fails."""
-    ns = CheckedStore(store, namespace) if store is not None else None
+    ns = CheckedStore(store, namespace, deadline, grace=GRACE_S) if store is not None else None
     report = foreign_report(me, ns, require_exclusive)
     failure: Optional[Verdict] = None
     if report is not None:
@@ -149,7 +150,8 @@ def read_verdict(store: CheckedStore, key: str) -> Verdict:
 
 def hold_until_read(store: Store, namespace: str, deadline: Deadline) -> bool:
     """For the rank that serves the store: returns once every rank read a failing verdict of the round."""
-    return CheckedStore(store, namespace).child("procs").wait_for("all_read", max(deadline.remaining(), 0.0))
+    return CheckedStore(store, namespace, deadline, grace=GRACE_S).child("procs").wait_for(
+        "all_read", max(deadline.remaining(), 0.0))
 
 
 def _raise(verdict: Verdict, me: RankIdentity) -> None:

@@ -231,10 +231,11 @@ def verify_nccl_across_ranks(store: Optional[Store], me: RankIdentity, *, namesp
     one, runs one small all-reduce, and on a hang tries that again with NCCL_P2P_DISABLE=1. Forming first keeps
     NCCL's own refusals (a shared GPU) fast: a rank whose peer failed at init would otherwise wait in the
     all-reduce until the deadline. Returns by ``deadline`` plus twice TIMEOUT_GRACE_S."""
-    ns = CheckedStore(store, f"{namespace}/nccl") if store is not None else None
+    # every store call bounded like the waits here: the deadline plus twice the grace (this function's promise)
+    ns = CheckedStore(store, f"{namespace}/nccl", deadline, grace=2 * TIMEOUT_GRACE_S) if store is not None else None
     verdict = _attempt(ns, me, deadline, all_reduce=False, probe_timeout=max(0.1, deadline.remaining()))
     if verdict is not None and verdict.kind == "ok":
-        ar = CheckedStore(store, f"{namespace}/nccl/all_reduce") if store is not None else None
+        ar = ns.child("all_reduce") if ns is not None else None
         verdict = _attempt(ar, me, deadline, all_reduce=True, probe_timeout=_first_try_share(deadline))
         if verdict is not None and verdict.kind == "timeout" and verdict.details.get("aborted") and ar is not None:
             return _after_a_hang(ar, me, verdict, deadline)

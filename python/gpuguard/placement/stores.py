@@ -17,14 +17,16 @@ TCPStore env:// would (:func:`env_store_for_init`), so that the check runs throu
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
+import threading
 import time
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Optional, Protocol, runtime_checkable
 
 from ..deadline import Deadline
-from ..errors import GpuGuardError
+from ..errors import GpuGuardError, RendezvousTimeoutError
 
 
 @runtime_checkable
@@ -53,70 +55,290 @@ class Store(Protocol):
 _STORE_METHODS = ("set", "get", "add", "check", "wait", "compare_set")
 
 
-class CheckedStore:
-    """A store seen through one namespace, every call checked: keys are given relative to ``namespace``, and a
-    failure names the operation and the full key (any store, c10d or Ray, may raise anything)."""
+#: How much longer than an operation's own bound a caller waits for the store call to return before it gives up
+#: on it: a c10d TCPStore client whose server is stopped (SIGSTOP) stays blocked even past its own timeout (it
+#: waits, with no bound, for the server to confirm a cancelled wait).
+ABANDON_AFTER_S = 0.5
+#: The shortest timeout handed to a store for one operation: c10d reads a zero timeout as "no timeout".
+MIN_OP_TIMEOUT_S = 0.01
 
-    def __init__(self, store: Store, namespace: str) -> None:
+
+class StoreDeadlineError(RendezvousTimeoutError):
+    """A store operation did not return within what was left of the caller's deadline."""
+
+
+def _looks_like_a_timeout(exc: BaseException, elapsed: float, seconds: float) -> bool:
+    """Whether a store's exception means "the wait timed out" (the protocol does not fix its type: c10d raises
+    DistStoreError "wait timeout after ...", Ray's store RendezvousTimeoutError, gpuguard's client RuntimeError)."""
+    text = str(exc).lower()
+    return elapsed >= seconds * 0.9 or "timeout" in text or "timed out" in text
+
+
+# ---- the store's own timeout, bounded per operation and restored after ---------------------------------------
+
+_timeouts_lock = threading.Lock()
+#: id(store) -> [the user's timeout, operations in flight]: the first operation saves it, the last restores it, so
+#: that threads sharing one store object never leave it with one of gpuguard's bounds.
+_saved_timeouts: dict[int, list[Any]] = {}
+
+
+def _settable_timeout(store: Any) -> bool:
+    return callable(getattr(store, "set_timeout", None)) and isinstance(getattr(store, "timeout", None),
+                                                                       datetime.timedelta)
+
+
+@contextlib.contextmanager
+def _store_timeout(store: Any, seconds: float) -> Iterator[None]:
+    """The store's own timeout (what a c10d ``get`` waits for its key) set to ``seconds`` for one operation, and
+    the user's put back after: a store made with a 24 s timeout must not hold bind(timeout=6) for 24 s."""
+    if not _settable_timeout(store):
+        yield
+        return
+    with _timeouts_lock:
+        entry = _saved_timeouts.setdefault(id(store), [store.timeout, 0])
+        entry[1] += 1
+        store.set_timeout(datetime.timedelta(seconds=max(seconds, MIN_OP_TIMEOUT_S)))
+    try:
+        yield
+    finally:
+        with _timeouts_lock:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _saved_timeouts[id(store)]
+                try:
+                    store.set_timeout(entry[0])
+                except Exception:  # noqa: BLE001 - a store that fails here failed the operation already
+                    pass
+
+
+class _NoAnswer(Exception):
+    """A store call that did not return in time (left behind on its helper thread)."""
+
+
+def _call_within(fn: Callable[[], Any], seconds: float) -> Any:
+    """``fn()`` on a helper thread, waited for at most ``seconds``: a store call that does not return by then (its
+    server stopped or hung) is left behind on that thread, which is a daemon. Raises what ``fn`` raised, or
+    _NoAnswer when it did not return."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="gpuguard-store-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        raise _NoAnswer
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+class CheckedStore:
+    """A store seen through one namespace, every call checked and bounded: keys are given relative to
+    ``namespace``; a failure names the operation and the full key (any store, c10d or Ray, may raise anything);
+    with a ``deadline``, every call returns by what is left of it plus ``grace`` seconds, whatever the store's own
+    timeout (set for each call and restored after) and even when its server stopped answering."""
+
+    def __init__(self, store: Store, namespace: str, deadline: Optional[Deadline] = None, *,
+                 grace: float = 0.0) -> None:
         self.raw = store
         self.namespace = namespace
+        self.deadline = deadline
+        self.grace = grace
 
     def key(self, relative: str) -> str:
         return f"{self.namespace}/{relative}" if self.namespace else relative
 
     def child(self, relative: str) -> "CheckedStore":
-        """The same store under ``<namespace>/<relative>``."""
-        return CheckedStore(self.raw, self.key(relative))
+        """The same store under ``<namespace>/<relative>``, with the same bound."""
+        return CheckedStore(self.raw, self.key(relative), self.deadline, grace=self.grace)
 
-    def _call(self, what: str, relative: str, *args: Any) -> Any:
+    def bound(self) -> Optional[float]:
+        """Seconds the next call may take; None without a deadline."""
+        return None if self.deadline is None else self.deadline.remaining(self.grace)
+
+    def _call(self, what: str, relative: str, fn: Callable[[], Any], *, within: Optional[float] = None,
+              timeout_is_an_answer: bool = False) -> Any:
+        """Runs one store call. ``within``: a shorter bound for this call (a wait's own length). With
+        ``timeout_is_an_answer``, a call that times out returns _TIMED_OUT instead of raising."""
         key = self.key(relative)
+        bound = self.bound()
+        seconds = bound if within is None else (within if bound is None else min(within, bound))
+        started = time.monotonic()
         try:
-            return getattr(self.raw, what)(key, *args)
-        except GpuGuardError:
+            if seconds is None:
+                return fn()
+            if seconds <= 0:
+                if timeout_is_an_answer:
+                    return _TIMED_OUT
+                raise StoreDeadlineError(
+                    f"no time was left of the deadline for store.{what}({key!r}) in gpuguard's cross-rank check",
+                    store_operation=what, key=key)
+            with _store_timeout(self.raw, seconds):
+                return _call_within(fn, seconds + ABANDON_AFTER_S)
+        except GpuGuardError as exc:
+            if timeout_is_an_answer and seconds and _looks_like_a_timeout(exc, time.monotonic() - started, seconds):
+                return _TIMED_OUT
             raise
+        except _NoAnswer:  # the call never returned: the store's server does not answer at all
+            raise StoreDeadlineError(
+                f"the store did not answer store.{what}({key!r}) within {seconds:.1f} s (what was left of the "
+                f"deadline) during gpuguard's cross-rank check: the process serving it is stopped, hung or "
+                f"unreachable (under env:// that is rank 0; under torchrun, the agent of the first node)",
+                store_operation=what, key=key) from None
         except Exception as exc:  # noqa: BLE001 - any store (c10d, Ray) may raise anything
+            if timeout_is_an_answer and seconds and _looks_like_a_timeout(exc, time.monotonic() - started, seconds):
+                return _TIMED_OUT
             raise GpuGuardError(f"store.{what}({key!r}) failed during gpuguard's cross-rank check: "
                                 f"{type(exc).__name__}: {exc}", store_operation=what, key=key) from exc
 
     def set(self, relative: str, value: bytes) -> None:
-        self._call("set", relative, value)
+        key = self.key(relative)
+        self._call("set", relative, lambda: self.raw.set(key, value))
 
     def get(self, relative: str) -> bytes:
-        return bytes(self._call("get", relative))
+        """The value of a key that exists (a missing one waits, bounded like every call)."""
+        key = self.key(relative)
+        return bytes(self._call("get", relative, lambda: self.raw.get(key)))
 
     def add(self, relative: str, amount: int) -> int:
-        return int(self._call("add", relative, amount))
+        key = self.key(relative)
+        try:
+            return int(self._call("add", relative, lambda: self.raw.add(key, amount)))
+        except StoreDeadlineError:
+            raise
+        except GpuGuardError as exc:
+            found = self._not_a_counter(relative)
+            if found is None:
+                raise
+            raise GpuGuardError(
+                f"the store key {key!r} holds {found[:60]!r}, not a counter (a decimal integer), so "
+                f"store.add() on it failed during gpuguard's cross-rank check: another program, or a different "
+                f"gpuguard version, wrote it. Use a store (or a prefix) of the job's own for gpuguard"
+                f"{'; the store server closed this client connection over it' if _connection_closed(exc) else ''}.",
+                store_operation="add", key=key, value=found[:200].decode("utf-8", "replace")) from exc
+
+    def _not_a_counter(self, relative: str) -> Optional[bytes]:
+        """After a failed ``add``: the key's value when it is not a decimal integer (c10d's server cannot add to
+        it and drops the connection, so it is read through a new client when the store can make one)."""
+        key = self.key(relative)
+        reader = self.raw
+        clone = getattr(self.raw, "clone", None)
+        try:
+            if callable(clone):
+                reader = self._call("clone", relative, clone)
+            value = bytes(self._call("get", relative, lambda: reader.get(key), within=1.0))
+        except GpuGuardError:
+            return None
+        try:
+            int(value.decode("ascii").strip())
+            return None
+        except (UnicodeDecodeError, ValueError):
+            return value
 
     def counter(self, relative: str) -> int:
         """The value of a counter without changing it (``add`` of 0, as c10d offers no plain read)."""
         return self.add(relative, 0)
 
     def compare_set(self, relative: str, expected: bytes, desired: bytes) -> bytes:
-        return bytes(self._call("compare_set", relative, expected, desired))
+        key = self.key(relative)
+        return bytes(self._call("compare_set", relative, lambda: self.raw.compare_set(key, expected, desired)))
+
+    def delete(self, relative: str) -> None:
+        """Removes a key where the store can (``delete_key``); a store that cannot keeps it."""
+        key = self.key(relative)
+        delete_key = getattr(self.raw, "delete_key", None)
+        if callable(delete_key):
+            self._call("delete_key", relative, lambda: delete_key(key))
 
     def has(self, *relatives: str) -> bool:
         """True when every key exists; never blocks."""
         keys = [self.key(r) for r in relatives]
-        try:
-            return bool(self.raw.check(keys))
-        except Exception as exc:  # noqa: BLE001 - as in _call
-            raise GpuGuardError(f"store.check({keys[0]!r}...) failed during gpuguard's cross-rank check: "
-                                f"{type(exc).__name__}: {exc}", store_operation="check", key=keys[0]) from exc
+        return bool(self._call("check", relatives[0], lambda: self.raw.check(keys)))
 
     def wait_for(self, relative: str, seconds: float) -> bool:
-        """True when the key exists within ``seconds``; False on timeout. Other store failures raise."""
+        """True when the key exists within ``seconds`` (and the deadline); False on timeout. Other store failures
+        raise."""
         if seconds <= 0:
             return self.has(relative)
         key = self.key(relative)
-        started = time.monotonic()
-        try:
-            self.raw.wait([key], datetime.timedelta(seconds=seconds))
-            return True
-        except Exception as exc:  # noqa: BLE001 - the protocol does not fix the timeout exception's type
-            if time.monotonic() - started >= seconds * 0.9 or "timeout" in str(exc).lower():
-                return self.has(relative)
-            raise GpuGuardError(f"store.wait({key!r}) failed during gpuguard's cross-rank check: "
-                                f"{type(exc).__name__}: {exc}", store_operation="wait", key=key) from exc
+        got = self._call("wait", relative, lambda: self.raw.wait([key], datetime.timedelta(seconds=seconds)),
+                         within=seconds, timeout_is_an_answer=True)
+        return got is not _TIMED_OUT or self.has(relative)
+
+    def wait_get(self, relative: str, seconds: float) -> Optional[bytes]:
+        """The key's value once it exists, waiting at most ``seconds`` (and the deadline); None when it does not
+        exist by then. One ``get`` where the store's timeout can be set (the wait is the get's own), else a wait
+        and a get."""
+        if not _settable_timeout(self.raw):
+            return self.get(relative) if self.wait_for(relative, seconds) else None
+        key = self.key(relative)
+        while True:
+            started = time.monotonic()
+            got = self._call("get", relative, lambda: self.raw.get(key), within=max(seconds, 0.0),
+                             timeout_is_an_answer=True)
+            if got is not _TIMED_OUT:
+                return bytes(got)
+            seconds -= time.monotonic() - started
+            # another thread sharing this store object may have shortened the timeout under this get
+            if seconds <= MIN_OP_TIMEOUT_S or (self.bound() or 0) <= MIN_OP_TIMEOUT_S:
+                return self.get(relative) if self.has(relative) else None
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "connection" in text and ("closed" in text or "reset" in text or "shutdown" in text)
+
+
+#: What a call that timed out returns when timing out is an answer (wait_for, wait_get).
+_TIMED_OUT = object()
+
+
+# ---- one client per concurrent check ------------------------------------------------------------------------
+
+_leases_lock = threading.Lock()
+_leases: dict[int, int] = {}  # id(store) -> checks using that store object now, in this process
+
+
+@contextlib.contextmanager
+def own_client(store: Store) -> Iterator[Store]:
+    """The store a check should use: ``store`` itself, or, when another check of this process is using that same
+    object right now (threads calling bind() over one shared client), a client of its own (``store.clone()``,
+    torch >= 2.8; a new client of a bare TCPStore before that). A c10d client runs one request at a time, so a
+    thread blocked in its wait for the verdict would otherwise hold back the others' publishing until the
+    deadline."""
+    with _leases_lock:
+        users = _leases.get(id(store), 0)
+        _leases[id(store)] = users + 1
+    try:
+        yield _second_client(store) if users else store
+    finally:
+        with _leases_lock:
+            _leases[id(store)] -= 1
+            if not _leases[id(store)]:
+                del _leases[id(store)]
+
+
+def _second_client(store: Store) -> Store:
+    clone = getattr(store, "clone", None)
+    try:
+        if callable(clone):
+            return clone()  # type: ignore[no-any-return]
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+        if isinstance(host, str) and isinstance(port, int) and "torch" in sys.modules:  # TCPStore, torch < 2.8
+            import torch.distributed as dist
+
+            if isinstance(store, dist.TCPStore):
+                return dist.TCPStore(host, port, is_master=False, timeout=store.timeout,  # type: ignore
+                                     wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - no second client: share the one there is (its calls then take turns)
+        pass
+    return store
 
 
 # ---- discovery ---------------------------------------------------------------------------------------------

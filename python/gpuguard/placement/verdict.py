@@ -15,16 +15,19 @@ log = logging.getLogger("gpuguard")
 
 #: Bound on a verdict a rank will parse (it is written by a peer, so it is untrusted input too).
 MAX_VERDICT_BYTES = 256 * 1024
-KINDS = frozenset({"ok", "warning", "duplicate", "failure", "timeout", "error"})
+#: "moved" is never raised: a later run's leader writes it into an epoch an earlier run left (exchange.py).
+KINDS = frozenset({"ok", "warning", "duplicate", "failure", "timeout", "error", "moved"})
 
 
 @dataclass
 class Verdict:
-    """What every rank of one check learns: ``kind`` is ok | warning | duplicate | failure | timeout | error."""
+    """What every rank of one check learns: ``kind`` is ok | warning | duplicate | failure | timeout | error.
+    ``namespace``: where the check took place (its epoch's keys), set by the exchange, never encoded."""
 
     kind: str
     message: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    namespace: str = field(default="", compare=False, repr=False)
 
     def encode(self) -> bytes:
         data = json.dumps({"v": 1, "kind": self.kind, "message": self.message, "details": self.details},
@@ -74,7 +77,27 @@ def raise_for(verdict: Verdict, me: RankIdentity, failure: Optional[BaseExceptio
     if verdict.kind == "duplicate":
         raise DuplicateDeviceError(verdict.message, **details)
     if verdict.kind == "timeout":
-        raise RendezvousTimeoutError(verdict.message, **details)
+        raise RendezvousTimeoutError(_as_seen_by(verdict, me), **details)
     if verdict.kind == "failure":
         raise _error_class(verdict.details.get("failure_kind"))(verdict.message, peer_failure=True, **details)
     raise GpuGuardError(verdict.message, **details)
+
+
+def _as_seen_by(verdict: Verdict, me: RankIdentity) -> str:
+    """A timeout verdict's message for the rank reading it: the late rank is not told that it never came."""
+    late = me.rank in (verdict.details.get("never_arrived") or [])
+    slow = me.rank in (verdict.details.get("silent_ranks") or [])
+    if not (late or slow):
+        return verdict.message
+    timeout = verdict.details.get("timeout")
+    waited = f"their {timeout:g} s timeout" if isinstance(timeout, (int, float)) else "their timeout"
+    if late:
+        head = (f"this rank ({me.rank}) of group '{me.group}' reached gpuguard's placement check after the other "
+                f"ranks had stopped waiting for it ({waited} passed first), so the check ended without it: it "
+                f"started late, or was slowed down before bind().")
+    else:
+        head = (f"this rank ({me.rank}) of group '{me.group}' reached gpuguard's placement check but did not "
+                f"finish it before the other ranks stopped waiting ({waited} passed): it was slowed down or "
+                f"stopped in the middle of it.")
+    return (f"{head} Give bind() a longer timeout if ranks start this far apart, or find what delays this one. "
+            f"The other ranks' report:\n  {verdict.message}")

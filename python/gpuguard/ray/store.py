@@ -263,6 +263,10 @@ class RayStore:
     def actor(self) -> Any:
         return self._actor
 
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """Sets what ``get`` waits for its key (as ``torch.distributed.Store.set_timeout`` does)."""
+        self.timeout = timeout
+
     def _call(self, method: str, *args: Any, wait_s: float = 0.0) -> Any:
         """Runs one actor method, bounded by ``wait_s`` (the store-side wait) plus a grace for the call."""
         ray = _ray()
