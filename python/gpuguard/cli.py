@@ -81,20 +81,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .binding.steps import preflight
     from .errors import GpuGuardError
 
+    from .whole_lines import write_line
+
     logging.getLogger("gpuguard").addHandler(logging.NullHandler())
+    # every rank writes to the launcher's one stdout: each JSON object (and each report) in one write
     try:
         binding = preflight(group=args.group, timeout=args.timeout, verify_nccl=args.verify_nccl,
                             require_gpu=args.require_gpu, require_exclusive=args.require_exclusive)
     except GpuGuardError as exc:
         if args.json:
-            print(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}))
+            write_line(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}))
         else:
-            print(f"gpuguard check failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            write_line(f"gpuguard check failed: {type(exc).__name__}: {exc}", sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"ok": True, "binding": binding.as_dict()}, default=str))
+        write_line(json.dumps({"ok": True, "binding": binding.as_dict()}, default=str))
     else:
-        print(binding)
+        write_line(str(binding))
     return 0
 
 

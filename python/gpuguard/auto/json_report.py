@@ -26,7 +26,8 @@ def write(context: Any, group: str, device_index: Optional[int], chosen_by: str,
     data = (json.dumps(row, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, data)
+        while data:  # a local file takes it in one write; the loop is for a short write all the same
+            data = data[os.write(fd, data):]
     finally:
         os.close(fd)
 
