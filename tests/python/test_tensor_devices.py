@@ -508,3 +508,59 @@ def test_mismatch_messages_stay_on_short_lines_of_facts():
     assert "layers.*" in msg and "layers.0.weight" not in msg
     assert len(msg) < 1200
     assert re.search(r"^Fix: ", msg, re.M)
+
+
+# ---- hostile input: nesting deeper than the C stack allows --------------------------------------------------
+
+DEEP_INPUTS = r"""
+import json, torch, torch.nn as nn, gpuguard
+x = torch.zeros(1)
+out = {}
+
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "no error"
+    except ValueError as e:
+        out[name] = str(e)
+
+nested_list = [x]
+for _ in range(75_000):
+    nested_list = [nested_list]
+attempt("list", lambda: gpuguard.assert_same_device(x, nested_list))
+nested_dict = {"t": x}
+for _ in range(75_000):
+    nested_dict = {"n": nested_dict}
+attempt("dict", lambda: gpuguard.assert_same_device(x, nested_dict))
+root = nn.Linear(1, 1)
+module = root
+for _ in range(48_700):
+    child = nn.Module()
+    module.add_module("c", child)
+    module = child
+attempt("module", lambda: gpuguard.assert_same_device(root, x))
+handle = gpuguard.guard(root)
+attempt("guarded_forward", lambda: root(x))
+handle.remove()
+within = [x]
+for _ in range(900):
+    within = [within]
+out["within_the_bound"] = str(gpuguard.assert_same_device(x, within))
+print(json.dumps(out))
+"""
+
+
+def test_nesting_deeper_than_the_stack_allows_raises_instead_of_crashing():
+    """Before: a list or dict nested 75,000 deep, or a module tree 48,700 deep, ended the process with SIGSEGV
+    (the C++ walk recursed once per level). Run in a fresh interpreter, so that a crash fails the test."""
+    got = run_json(DEEP_INPUTS, no_driver_env(), timeout=300)
+    for case in ("list", "dict"):
+        assert got[case].startswith("gpuguard stopped checking devices at 1000 levels of nesting: an argument "
+                                    "(lists, tuples, dicts or dataclasses inside each other) nests deeper than "
+                                    "that."), got[case]
+        assert got[case].endswith("Pass the tensors themselves, or a flatter structure holding them.")
+    for case in ("module", "guarded_forward"):
+        assert got[case].startswith("gpuguard stopped checking devices at 1000 levels of nesting: the module tree "
+                                    "(submodules inside submodules) nests deeper than that."), got[case]
+        assert "assert_same_device(model.sub), guard(model.sub)" in got[case]
+    assert got["within_the_bound"] == "cpu"

@@ -63,11 +63,31 @@ bool is_tensor(PyObject* obj) {
 
 const at::Tensor& unpack(PyObject* obj) { return THPVariable_Unpack(obj); }
 
+// The walks recurse once per level of nesting. A level costs a few hundred bytes of C stack, so a structure
+// nested tens of thousands deep (a list in a list in a list ..., a submodule chain) would overflow it and kill
+// the process; past this depth the walk stops with a ValueError instead. CPython itself stops Python code at
+// 1000 levels by default (sys.getrecursionlimit()), and torch walks module trees in Python (named_modules(),
+// .to()), so no model torch can use nests deeper.
+constexpr int kMaxNesting = 1000;
+
+[[noreturn]] void raise_too_deep(const char* what, const char* advice) {
+  PyErr_Format(PyExc_ValueError,
+               "gpuguard stopped checking devices at %d levels of nesting: %s nests deeper than that. It stops "
+               "there instead of overflowing the C stack, so nothing past it was checked. %s",
+               kMaxNesting, what, advice);
+  throw py::error_already_set();
+}
+
 // Generic module walk. The visitor sees each watched dict, each tensor (with its role and key), and
 // enters/leaves submodules, so that one traversal serves the fast check, the snapshot and the named report.
 template <typename Visitor>
-void walk_module(PyObject* module, bool recurse, Visitor& visitor, AddressSet& seen) {
+void walk_module(PyObject* module, bool recurse, Visitor& visitor, AddressSet& seen, int depth = 0) {
   if (recurse && !seen.insert(module)) return;  // a module reachable twice, or a cycle
+  if (depth > kMaxNesting) {
+    raise_too_deep("the module tree (submodules inside submodules)",
+                   "Check a part of it (assert_same_device(model.sub), guard(model.sub)), or flatten the chain "
+                   "into an nn.Sequential or nn.ModuleList.");
+  }
   const ModuleDicts d = module_dicts(module);
   // the module's own __dict__ first: replacing _parameters wholesale changes it, and a snapshot compares
   // dicts in this order, stopping at the first change, so it never reads a dict that is gone
@@ -91,7 +111,7 @@ void walk_module(PyObject* module, bool recurse, Visitor& visitor, AddressSet& s
   while (PyDict_Next(d.modules, &pos, &key, &child)) {
     if (child == Py_None) continue;
     visitor.enter(key);
-    walk_module(child, recurse, visitor, seen);
+    walk_module(child, recurse, visitor, seen, depth + 1);
     visitor.leave();
   }
 }
@@ -162,11 +182,15 @@ PyObject* dataclass_fields(PyObject* obj) {
 
 // Calls on_tensor(tensor, path) for every tensor inside `obj`. `path` is built only when names are wanted.
 template <bool kNamed, typename OnTensor>
-void walk_input(PyObject* obj, const std::string& path, AddressSet& seen, OnTensor& on_tensor) {
+void walk_input(PyObject* obj, const std::string& path, AddressSet& seen, OnTensor& on_tensor, int depth = 0) {
   if (is_plain_leaf(obj)) return;
   if (THPVariable_CheckExact(obj)) {
     on_tensor(obj, path);
     return;
+  }
+  if (depth > kMaxNesting) {
+    raise_too_deep("an argument (lists, tuples, dicts or dataclasses inside each other)",
+                   "Pass the tensors themselves, or a flatter structure holding them.");
   }
   const bool is_tuple = PyTuple_Check(obj);
   if (is_tuple || PyList_Check(obj)) {
@@ -195,7 +219,7 @@ void walk_input(PyObject* obj, const std::string& path, AddressSet& seen, OnTens
         }
       }
       try {
-        walk_input<kNamed>(item, sub, seen, on_tensor);
+        walk_input<kNamed>(item, sub, seen, on_tensor, depth + 1);
       } catch (...) {
         Py_DECREF(item);
         throw;
@@ -214,7 +238,7 @@ void walk_input(PyObject* obj, const std::string& path, AddressSet& seen, OnTens
       PyObject* value = PyTuple_GET_ITEM(kv.ptr(), 1);
       std::string sub;
       if constexpr (kNamed) sub = path + "[" + key_repr(key) + "]";
-      walk_input<kNamed>(value, sub, seen, on_tensor);
+      walk_input<kNamed>(value, sub, seen, on_tensor, depth + 1);
     }
     return;
   }
@@ -235,7 +259,7 @@ void walk_input(PyObject* obj, const std::string& path, AddressSet& seen, OnTens
       py::object hold = py::reinterpret_steal<py::object>(value);
       std::string sub;
       if constexpr (kNamed) sub = path + "." + to_string(key.ptr());
-      walk_input<kNamed>(value, sub, seen, on_tensor);
+      walk_input<kNamed>(value, sub, seen, on_tensor, depth + 1);
     }
   }
 }

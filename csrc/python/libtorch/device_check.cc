@@ -252,6 +252,8 @@ PyObject* call_hook(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     return (*guard)(args[0], args[1], nargs == 3 ? py::handle(args[2]) : py::handle(Py_None)).release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
