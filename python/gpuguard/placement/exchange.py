@@ -348,7 +348,7 @@ def _timeout_verdict(store: CheckedStore, me: RankIdentity, timeout: float) -> V
     details["silent"] = [dict(w, step="after publishing its record") for w in silent_who]
     parts = []
     if silent:
-        named = "; ".join(f"rank {w['rank']} ({_where(w)})" for w in silent_who)
+        named = "; ".join(f"{w['rank']} ({_where(w)})" for w in silent_who)
         more = len(silent) - len(silent_who)
         parts.append(f"{'rank' if len(silent) == 1 else 'ranks'} {named}{f' and {more} more' if more > 0 else ''} "
                      f"of {group} reached gpuguard's placement check and then went silent before finishing it")
