@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import gpuguard
-from conftest import run_python
+from conftest import run_json, run_python
 from gpuguard import GpuGuardError
 
 SPAWN = """
@@ -137,3 +137,85 @@ def test_explicit_ranks_without_a_store_say_where_to_meet(fake_gpus):
     """, fake_gpus.env("h100x4"))
     assert "gpuguard.bind() found 2 ranks but no place where they can meet" in proc.stdout
     assert "or pass store=" in proc.stdout
+
+
+REUSED_STORE = """
+import datetime, json, os, sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import gpuguard
+
+OUT, PORT, RUN = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def attempt(i, nprocs):
+    store = dist.TCPStore("127.0.0.1", PORT, is_master=False, timeout=datetime.timedelta(seconds=60))
+    local_rank = i if RUN == "first" else 0  # the second run puts every rank on cuda:0
+    try:
+        b = gpuguard.bind(rank=i, world_size=nprocs, local_rank=local_rank, store=store, timeout=60)
+        result = {"device": str(b.device)}
+    except gpuguard.GpuGuardError as exc:
+        result = {"error": type(exc).__name__, "message": str(exc)}
+    with open(os.path.join(OUT, f"{RUN}{i}.json"), "w") as f:
+        json.dump(result, f)
+
+if __name__ == "__main__":
+    mp.spawn(attempt, args=(2,), nprocs=2, join=True)
+"""
+
+
+def test_a_store_kept_between_runs_never_hands_the_second_run_the_first_runs_verdict(fake_gpus, tmp_path):
+    """A notebook's (or a long-lived server's) TCPStore, two torch.multiprocessing.spawn runs with explicit ranks
+    and no launcher run id, so the same keys: run 1 passes on 2 GPUs, run 2 puts both ranks on cuda:0. Before,
+    run 2 read run 1's "ok" and passed."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    script = tmp_path / "runs.py"
+    script.write_text(textwrap.dedent(REUSED_STORE))
+    for run in ("first", "second"):
+        proc = subprocess.run([sys.executable, str(script), str(tmp_path), str(server.port), run],
+                              env=fake_gpus.env("h100x4"), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    first = [json.loads((tmp_path / f"first{i}.json").read_text()) for i in range(2)]
+    second = [json.loads((tmp_path / f"second{i}.json").read_text()) for i in range(2)]
+    assert [r.get("device") for r in first] == ["cuda:0", "cuda:1"], first
+    for r in second:
+        assert r.get("error") == "DuplicateDeviceError", r
+        assert r["message"].startswith("2 ranks of group 'default' share 1 GPU."), r["message"]
+
+
+SHARED_CLIENT_THREADS = """
+import datetime, json, threading, time
+import torch.distributed as dist
+import gpuguard
+
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+shared = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=60))
+out = {}
+
+def rank(r):
+    started = time.monotonic()
+    try:
+        out[r] = {"device": str(gpuguard.bind(rank=r, world_size=4, local_rank=r, store=shared, timeout=20).device)}
+    except gpuguard.GpuGuardError as exc:
+        out[r] = {"error": type(exc).__name__, "message": str(exc)[:500]}
+    out[r]["elapsed"] = time.monotonic() - started
+
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+out["timeout"] = shared.timeout.total_seconds()
+print(json.dumps(out))
+"""
+
+
+def test_four_threads_binding_over_one_store_client_meet_at_once(fake_gpus):
+    """Four threads of one process call bind() with ranks 0-3 over one shared TCPStore client. Before, they
+    stalled until the timeout: one thread's wait for the verdict held the client, and each thread counted its
+    call as another check of the group."""
+    got = run_json(SHARED_CLIENT_THREADS, fake_gpus.env("h100x4"))
+    assert [got[str(r)].get("device") for r in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"], got
+    assert max(got[str(r)]["elapsed"] for r in range(4)) < 10, got
+    assert got["timeout"] == 60  # the store's own timeout is the user's again

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import zlib
 from typing import Any, Callable, Optional
 
@@ -21,6 +22,7 @@ from conftest import TOPOLOGIES, run_json
 from gpuguard import DuplicateDeviceError, GpuGuardError, RankMappingError, RendezvousTimeoutError
 from gpuguard.deadline import Deadline
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
+from gpuguard.placement.exchange import TIMEOUT_GRACE_S
 
 
 @pytest.fixture
@@ -68,14 +70,17 @@ def ident(rank: int, world: int, gpu: int, *, host: str = "node-a", group: str =
           **fields: Any) -> RankIdentity:
     return RankIdentity(rank=rank, world_size=world, group=group, local_rank=rank % gpus_on_host,
                         host_hash=zlib.crc32(host.encode()) * 7919, hostname=host, gpu_uuid=gpu_uuid(host, gpu),
-                        pci_bus_id=f"0000:{0x18 + gpu % 8:02x}:00.0", gpu_index=gpu % gpus_on_host, pid=4000 + rank,
-                        visible_device_count=gpus_on_host, launcher="test", **fields)
+                        pci_bus_id=f"0000:{0x18 + gpu % 8:02x}:00.0", gpu_index=gpu % gpus_on_host,
+                        pid=fields.pop("pid", 4000 + rank), visible_device_count=gpus_on_host, launcher="test",
+                        **fields)
 
 
 def run_ranks(master, identities: list[RankIdentity], *, namespace: str = "t", timeout: float = 60,
+              delays: Optional[dict[int, float]] = None, wrap: Callable[[Any], Any] = lambda store: store,
               ) -> tuple[list[Verdict], list[int]]:
     """Runs exchange() for every identity on its own thread with its own TCPStore client (connected before a
-    barrier, because c10d client connections are slow to set up here); returns the verdicts and op counts."""
+    barrier, because c10d client connections are slow to set up here); returns the verdicts and op counts.
+    ``delays``: seconds a rank (by index) waits after the barrier; ``wrap``: around each rank's store."""
     n = len(identities)
     stores: list[Optional[CountingStore]] = [None] * n
     verdicts: list[Optional[Verdict]] = [None] * n
@@ -84,8 +89,9 @@ def run_ranks(master, identities: list[RankIdentity], *, namespace: str = "t", t
 
     def rank(i: int) -> None:
         try:
-            stores[i] = CountingStore(client(master))
+            stores[i] = CountingStore(wrap(client(master)))
             start.wait(timeout=120)
+            time.sleep((delays or {}).get(i, 0.0))
             verdicts[i] = exchange(stores[i], identities[i], namespace=namespace, deadline=Deadline(timeout))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -172,6 +178,209 @@ def test_a_rank_that_never_arrives_is_named_in_the_timeout(master):
     with pytest.raises(RendezvousTimeoutError) as info:
         raise_for(verdicts[0], ident(0, 4, 0))
     assert info.value.details["missing_ranks"] == [2]
+
+
+def test_a_late_rank_is_told_it_came_late_not_that_it_never_arrived(master):
+    verdicts, _ = run_ranks(master, [ident(r, 4, r) for r in (0, 1, 3)], timeout=1.0)
+    assert verdicts[0].details["never_arrived"] == [2]
+    late = ident(2, 4, 2)  # starts after the others gave up, with a timeout of its own
+    verdict = exchange(client(master), late, namespace="t", deadline=Deadline(1.0))
+    with pytest.raises(RendezvousTimeoutError) as info:
+        raise_for(verdict, late)
+    message = str(info.value)
+    assert message.startswith("this rank (2) of group 'default' reached gpuguard's placement check after the other "
+                              "ranks had stopped waiting for it (their 1 s timeout passed first), so the check "
+                              "ended without it: it started late, or was slowed down before bind()."), message
+    assert "The other ranks' report:\n  rank 2 of group 'default' did not reach" in message
+
+
+# ---- a store that outlives a run: every run has an epoch of its own ---------------------------------------------
+
+EARLIER = "0123456789abcdef"  # the epoch an earlier run left
+
+
+def leave_earlier_run(master, base: str, *, ranks: list[RankIdentity], arrived: int,
+                      verdict: Optional[Verdict] = None) -> None:
+    """What an earlier run that used the same base left in the store: ``lead`` naming its epoch, the records of
+    the ranks that came, its arrival count (here and where gpuguard before epochs counted, under the base itself)
+    and its verdict."""
+    c = client(master)
+    c.set(f"{base}/lead", EARLIER.encode())
+    for key in (f"{base}/arrived", f"{base}/epoch/{EARLIER}/arrived"):
+        c.add(key, arrived)
+    for me in ranks:
+        c.set(f"{base}/rec/{me.rank}", me.encode())
+        c.set(f"{base}/epoch/{EARLIER}/rec/{me.rank}", me.encode())
+    if verdict is not None:
+        c.set(f"{base}/verdict", verdict.encode())
+        c.set(f"{base}/epoch/{EARLIER}/verdict", verdict.encode())
+
+
+def two_on_gpu0(world: int = 4) -> list[RankIdentity]:
+    """Ranks 0 and 1 share GPU 0 (one process per GPU otherwise): a duplicate every rank must be told of."""
+    return [ident(r, world, max(r - 1, 0), pid=5000 + r) for r in range(world)]
+
+
+def assert_every_rank_sees_the_duplicate(verdicts: list[Verdict]) -> None:
+    assert [v.kind for v in verdicts] == ["duplicate"] * len(verdicts), [(v.kind, v.message[:200]) for v in verdicts]
+    assert "is shared by ranks 0 and 1:" in verdicts[0].message
+
+
+def test_a_second_run_on_the_same_store_never_takes_the_first_runs_verdict(master):
+    """No run id (plain RANK/WORLD_SIZE, bind(rank=, ...) under torch.multiprocessing.spawn): the namespace
+    repeats from run to run. Run 1 passes on 4 GPUs; run 2 puts ranks 0 and 1 on GPU 0 and must not pass."""
+    first, _ = run_ranks(master, [ident(r, 4, r) for r in range(4)], namespace="reused")
+    assert [v.kind for v in first] == ["ok"] * 4
+    second, _ = run_ranks(master, two_on_gpu0(), namespace="reused")
+    assert_every_rank_sees_the_duplicate(second)
+
+
+class CannotDelete:
+    """A store without delete_key (the Store protocol does not require it): an earlier run's ``lead`` stays."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "delete_key":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self.inner.timeout
+
+
+def test_ranks_that_find_an_earlier_runs_epoch_are_sent_to_this_ones(master):
+    """The earlier run's ``lead`` is still there when this run's ranks come, before their rank 0 (late by 1 s):
+    they land in the earlier epoch, find their slot taken or the count past N, and follow ``next``."""
+    first, _ = run_ranks(master, [ident(r, 4, r) for r in range(4)], namespace="kept", wrap=CannotDelete)
+    assert [v.kind for v in first] == ["ok"] * 4
+    second, _ = run_ranks(master, two_on_gpu0(), namespace="kept", wrap=CannotDelete, delays={0: 1.0})
+    assert_every_rank_sees_the_duplicate(second)
+
+
+@pytest.mark.parametrize("earlier", ["complete", "smaller", "crashed", "counter_only"])
+def test_what_an_earlier_run_left_never_passes_a_duplicate(master, earlier):
+    """Keys seeded as an earlier run leaves them (or a pre-filled arrival counter), found by this run's ranks
+    before their rank 0 opens this run's epoch: complete (all 4 arrived, "ok"), smaller (a run of 2 ranks,
+    "ok"), crashed (2 of 4 arrived, then a timeout verdict), counter_only (an arrival counter of 2, nothing
+    else). Every rank must still see the duplicate."""
+    base = f"seeded-{earlier}"
+    ok4, ok2 = Verdict("ok", details={"world_size": 4}), Verdict("ok", details={"world_size": 2})
+    timed_out = Verdict("timeout", "rank 2, 3 never came", {"never_arrived": [2, 3], "missing_ranks": [2, 3]})
+    if earlier == "complete":
+        leave_earlier_run(master, base, ranks=[ident(r, 4, r, pid=900 + r) for r in range(4)], arrived=4,
+                          verdict=ok4)
+    elif earlier == "smaller":
+        leave_earlier_run(master, base, ranks=[ident(r, 2, r, pid=900 + r) for r in range(2)], arrived=2,
+                          verdict=ok2)
+    elif earlier == "crashed":
+        leave_earlier_run(master, base, ranks=[ident(r, 4, r, pid=900 + r) for r in range(2)], arrived=2,
+                          verdict=timed_out)
+    else:
+        leave_earlier_run(master, base, ranks=[], arrived=2)
+    verdicts, _ = run_ranks(master, two_on_gpu0(), namespace=base, timeout=30, delays={0: 1.0})
+    assert_every_rank_sees_the_duplicate(verdicts)
+
+
+def test_a_counter_another_program_wrote_is_named_not_taken_for_a_crash(master):
+    """A foreign writer puts text where the arrival counter goes: c10d's server drops the connection of a
+    client that adds to it, which c10d reports as "Did the remote server shutdown or crash?"."""
+
+    class ForgesTheCounter(ForeignWriter):
+        def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+            if "/rec/" in key:  # right as this rank arrives, in whatever namespace it arrives in
+                self.inner.set(key.rsplit("/rec/", 1)[0] + "/arrived", b"garbage")
+            return self.inner.compare_set(key, expected, desired)
+
+    with pytest.raises(GpuGuardError) as info:
+        exchange(ForgesTheCounter(client(master), {}), ident(0, 1, 0), namespace="forged", deadline=Deadline(10))
+    message = str(info.value)
+    assert re.match(r"the store key 'forged/epoch/[0-9a-f]{16}/arrived' holds b'garbage', not a counter \(a "
+                    r"decimal integer\), so store.add\(\) on it failed during gpuguard's cross-rank check: another "
+                    r"program, or a different gpuguard version, wrote it\.", message), message
+    assert "remote server shutdown or crash" not in message
+
+
+def test_threads_sharing_one_store_client_meet_at_once(master):
+    """Four threads of one process call exchange() over one TCPStore client: a thread blocked in its wait for
+    the verdict must not hold back the others' publishing until the deadline."""
+    shared = client(master)
+    verdicts: dict[int, Verdict] = {}
+    namespace = run_namespace("threads", rank=0)
+
+    def rank(r: int) -> None:
+        verdicts[r] = exchange(shared, ident(r, 4, r), namespace=namespace, deadline=Deadline(30))
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [verdicts[r].kind for r in range(4)] == ["ok"] * 4
+    assert time.monotonic() - started < 10, "the threads waited for one another until the deadline"
+
+
+class SlowAfter:
+    """A rank's store that stalls ``seconds`` right after an ``add`` on a key ending in ``suffix``."""
+
+    def __init__(self, inner: Any, suffix: str, seconds: float) -> None:
+        self.inner, self.suffix, self.seconds = inner, suffix, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self.inner.timeout
+
+    def add(self, key: str, amount: int) -> int:
+        value = self.inner.add(key, amount)
+        if key.endswith(self.suffix):
+            time.sleep(self.seconds)
+        return value
+
+
+def test_a_store_with_a_longer_timeout_never_holds_a_rank_past_the_deadline(master):
+    """The issue's case: stores made with a 24 s timeout, a 3 s deadline, an arrival counter someone pre-filled
+    where gpuguard used to count, and the second rank on GPU 0 stalled between listing its GPU as shared and
+    writing the entry: the rank that then composed blocked 24 s in store.get(.../shared/0)."""
+    leave_earlier_run(master, "held", ranks=[], arrived=1)
+    long_timeout = datetime.timedelta(seconds=24)
+    stores = {r: dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=long_timeout) for r in (0, 1)}
+    stores[1] = SlowAfter(stores[1], "/shared/n", 6.0)
+    outcome: dict[int, tuple[Verdict, float]] = {}
+
+    def rank(r: int) -> None:
+        started = time.monotonic()
+        time.sleep(0.5 * r)  # rank 0 takes GPU 0 first; rank 1 finds it taken and lists it as shared
+        verdict = exchange(stores[r], ident(r, 2, 0, gpus_on_host=1), namespace="held", deadline=Deadline(3))
+        outcome[r] = (verdict, time.monotonic() - started)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in (0, 1):
+        verdict, elapsed = outcome[r]
+        assert elapsed <= 3 + TIMEOUT_GRACE_S + 0.5, (r, elapsed)
+        assert verdict.kind == "timeout" and verdict.details["silent_ranks"] == [1], (r, verdict)
+    assert stores[0].timeout == long_timeout  # the user's timeout is put back
+
+
+def test_every_store_call_keeps_to_the_deadline_whatever_the_stores_own_timeout(master):
+    """A store made with a 24 s timeout, bind(timeout=3)-style deadline: rank 0 never comes, so the follower's
+    read of ``lead`` must give up at the deadline; and the timeout the user gave the store is put back."""
+    slow_store = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=24))
+    started = time.monotonic()
+    verdict = exchange(slow_store, ident(1, 2, 1), namespace="deadline", deadline=Deadline(3))
+    assert time.monotonic() - started < 3 + 1.0
+    assert verdict.kind == "timeout"
+    assert verdict.message.startswith("rank 0 of group 'default' did not reach gpuguard's placement check within 3 s")
+    assert slow_store.timeout == datetime.timedelta(seconds=24)
 
 
 def test_colocated_groups_pass_and_keep_to_their_own_keys(master):

@@ -506,8 +506,8 @@ def _redirect(base: CheckedStore, ns: CheckedStore, deadline: Deadline) -> Optio
 def _fresh(base: CheckedStore, ns: CheckedStore, verdict: Verdict, me: RankIdentity, arrived: int,
            deadline: Deadline) -> Union[Verdict, _Moved]:
     """``verdict``, read in this epoch after this rank counted itself in as the ``arrived``-th, if it belongs to
-    this run; else where to go. A verdict composed after all N arrived (ok, warning, duplicate, error) is this
-    run's: composed before this rank arrived, it would have made this rank count past N. A failure or timeout
+    this run; else where to go. A verdict composed after all N arrived (ok, warning, duplicate, error; it carries
+    N) is this run's: composed before this rank arrived, it would have made this rank count past N. A failure or timeout
     can be written before everyone arrived; one that came after this rank did is this run's too. One that came
     before is this run's unless ``lead`` names another epoch now, or, for a timeout that says this rank never
     arrived (this rank late, or an earlier run's verdict), a later leader sends this rank on before its deadline."""
@@ -515,6 +515,8 @@ def _fresh(base: CheckedStore, ns: CheckedStore, verdict: Verdict, me: RankIdent
         to = verdict.details.get("to")
         return _Moved(_epoch_id(str(to).encode(), ns.key("verdict")))
     if verdict.kind not in ("failure", "timeout"):
+        if verdict.details.get("world_size", me.world_size) != me.world_size:  # an earlier run of another size
+            return _redirect(base, ns, deadline) or _other_size(ns, me, verdict)
         return verdict
     if verdict.kind == "failure":
         published_after = isinstance(verdict.details.get("arrived_at"), int) and verdict.details["arrived_at"] > arrived
@@ -558,7 +560,9 @@ def _take_part(base: CheckedStore, ns: CheckedStore, me: RankIdentity, record: b
         return _stopping(ns, base, verdict, me, deadline)
     if me.rank == LEADER:
         if ns.wait_for("wake", deadline.remaining()):
-            verdict = publish(ns, "verdict", _compose(ns, me))
+            composed = _compose(ns, me)
+            composed.details["world_size"] = me.world_size  # a reader of another size knows it is not its run's
+            verdict = publish(ns, "verdict", composed)
             if verdict.kind not in ("failure", "timeout"):  # composed after every rank arrived: all found it
                 _retire_lead(base)
             return _stopping(ns, base, verdict, me, deadline)
@@ -630,6 +634,15 @@ def _slot_taken(ns: CheckedStore, me: RankIdentity, held: bytes) -> Verdict:
                    f" s: two processes were started as rank {me.rank} (check RANK and the launcher's process "
                    f"count), or another job uses this store and group at once (give it a group or store of its "
                    f"own).", {"key": key, "other_host": other.hostname, "other_pid": other.pid})
+
+
+def _other_size(ns: CheckedStore, me: RankIdentity, verdict: Verdict) -> Verdict:
+    key = ns.key("verdict")
+    return Verdict("error",
+                   f"the verdict at store key {key!r} is for a group of {verdict.details.get('world_size')} ranks, "
+                   f"not {me.world_size}, and no later check took over: an earlier run with another world size "
+                   f"left it, or the ranks disagree on WORLD_SIZE. Check the launcher's process count.",
+                   {"key": key, "world_size": me.world_size})
 
 
 def _counter_error(ns: CheckedStore, me: RankIdentity, arrived: int) -> Verdict:
