@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from conftest import run_json
 from test_bind import scrubbed
 
 
@@ -70,3 +71,48 @@ def test_check_never_imports_torch_in_the_ranks(fake_gpus, tmp_path):
         modules = [line.rsplit("|", 1)[-1].strip() for line in log.read_text().splitlines() if "|" in line]
         assert "gpuguard.cli" in modules and "gpuguard._core" in modules, modules[-20:]
         assert not [m for m in modules if m == "torch" or m.startswith("torch.")], log
+
+
+ONE_WRITE_PER_LINE = r"""
+import io, json, sys
+from gpuguard import cli
+
+class Recorder(io.RawIOBase):
+    '''What the file descriptor would receive, write by write, as with `python -u` (no fileno: the fallback).'''
+    def __init__(self):
+        self.writes = []
+    def writable(self):
+        return True
+    def write(self, b):
+        self.writes.append(bytes(b))
+        return len(b)
+
+raw = Recorder()
+sys.stdout = io.TextIOWrapper(raw, write_through=True)
+code = cli.main(["check", "--json", "--timeout", "20"])
+sys.stdout.flush()
+sys.stdout = sys.__stdout__
+print(json.dumps({"code": code, "writes": [w.decode() for w in raw.writes]}))
+"""
+
+
+def test_check_json_writes_each_line_in_one_write(fake_gpus):
+    """Unbuffered (python -u), print() wrote the object and its newline in two writes, so two ranks on one
+    stdout could glue their objects on one line ({...}{...}); now each line is one write."""
+    got = run_json(ONE_WRITE_PER_LINE, scrubbed(fake_gpus.env("h100x4")))
+    assert got["code"] == 0
+    assert len(got["writes"]) == 1, got["writes"]
+    line = got["writes"][0]
+    assert line.endswith("}\n") and json.loads(line)["ok"] is True
+
+
+@pytest.mark.slow
+def test_check_json_lines_of_ranks_sharing_one_unbuffered_stdout_each_parse(fake_gpus):
+    """4 ranks under torchrun write to the launcher's own stdout (no --tee: they inherit it), unbuffered."""
+    env = dict(scrubbed(fake_gpus.env("h100x4")), PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+                           "-m", "gpuguard", "check", "--json", "--timeout", "60"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    objects = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert sorted(o["binding"]["rank"] for o in objects) == [0, 1, 2, 3], proc.stdout
