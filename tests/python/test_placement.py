@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -369,6 +370,35 @@ def test_a_store_with_a_longer_timeout_never_holds_a_rank_past_the_deadline(mast
         assert elapsed <= 3 + TIMEOUT_GRACE_S + 0.5, (r, elapsed)
         assert verdict.kind == "timeout" and verdict.details["silent_ranks"] == [1], (r, verdict)
     assert stores[0].timeout == long_timeout  # the user's timeout is put back
+
+
+STORE_SERVER = """
+import sys, time, datetime, torch.distributed as dist
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(server.port, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_store_whose_server_stops_answering_ends_the_call_by_the_deadline():
+    """The process serving the store is stopped (SIGSTOP: rank 0 under env://, in a debugger, swapped out):
+    c10d's client then blocks in a call even past its own timeout; the exchange leaves that call behind."""
+    server = subprocess.Popen([sys.executable, "-c", STORE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+        os.kill(server.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        started = time.monotonic()
+        with pytest.raises(RendezvousTimeoutError) as info:
+            exchange(store, ident(1, 2, 1), namespace="stopped", deadline=Deadline(2))
+        assert time.monotonic() - started <= 2 + TIMEOUT_GRACE_S + 1.0
+        assert re.match(r"the store did not answer store\.get\('stopped/lead'\) within [0-9.]+ s \(what was left "
+                        r"of the deadline\) during gpuguard's cross-rank check: the process serving it is stopped, "
+                        r"hung or unreachable", str(info.value)), str(info.value)
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_every_store_call_keeps_to_the_deadline_whatever_the_stores_own_timeout(master):
