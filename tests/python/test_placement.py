@@ -399,6 +399,7 @@ def test_a_store_whose_server_stops_answering_ends_the_call_by_the_deadline():
     finally:
         server.kill()
         server.wait()
+        server.stdout.close()
 
 
 def test_every_store_call_keeps_to_the_deadline_whatever_the_stores_own_timeout(master):

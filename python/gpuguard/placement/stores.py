@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import queue
 import sys
 import threading
 import time
@@ -115,22 +116,64 @@ class _NoAnswer(Exception):
     """A store call that did not return in time (left behind on its helper thread)."""
 
 
+class _Caller:
+    """A helper thread that runs one calling thread's store calls, one at a time, so that the caller can stop
+    waiting for a call that never returns (a c10d client whose server is stopped). It is kept between calls
+    (handing a call over costs tens of microseconds; starting a thread per call, hundreds) and ends after
+    IDLE_S without work; one left behind on a call that never returned is replaced."""
+
+    IDLE_S = 5.0
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.alive = True
+        self.stuck = False
+        threading.Thread(target=self._serve, name="gpuguard-store-call", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                fn, outcome, done = self._jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self.alive = False
+                        return
+                continue
+            try:
+                outcome.append((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome.append((False, exc))
+            done.set()
+
+    def submit(self, fn: Callable[[], Any]) -> Optional[tuple[list[Any], threading.Event]]:
+        """Queues ``fn``; None when this helper has ended (idle) and cannot take it."""
+        with self._lock:
+            if not self.alive:
+                return None
+            outcome: list[Any] = []
+            done = threading.Event()
+            self._jobs.put((fn, outcome, done))
+            return outcome, done
+
+
+_callers = threading.local()
+
+
 def _call_within(fn: Callable[[], Any], seconds: float) -> Any:
-    """``fn()`` on a helper thread, waited for at most ``seconds``: a store call that does not return by then (its
-    server stopped or hung) is left behind on that thread, which is a daemon. Raises what ``fn`` raised, or
-    _NoAnswer when it did not return."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="gpuguard-store-call", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if not outcome:
+    """``fn()`` on this thread's helper thread, waited for at most ``seconds``: a store call that does not return
+    by then (its server stopped or hung) is left behind on that helper, which is a daemon and is replaced.
+    Raises what ``fn`` raised, or _NoAnswer when it did not return."""
+    caller: Optional[_Caller] = getattr(_callers, "caller", None)
+    job = None if caller is None or caller.stuck else caller.submit(fn)
+    if job is None:
+        caller = _callers.caller = _Caller()
+        job = caller.submit(fn)
+        assert job is not None
+    outcome, done = job
+    if not done.wait(seconds):
+        caller.stuck = True
         raise _NoAnswer
     ok, value = outcome[0]
     if ok:
