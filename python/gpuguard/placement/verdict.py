@@ -94,10 +94,10 @@ def _as_seen_by(verdict: Verdict, me: RankIdentity) -> str:
     if late:
         head = (f"this rank ({me.rank}) of group '{me.group}' reached gpuguard's placement check after the other "
                 f"ranks had stopped waiting for it ({waited} passed first), so the check ended without it: it "
-                f"started late, or was slowed down before bind().")
+                f"started late, or was slowed down before bind(). Give bind() a longer timeout if ranks start "
+                f"this far apart, or find what delays this one.")
     else:
         head = (f"this rank ({me.rank}) of group '{me.group}' reached gpuguard's placement check but did not "
                 f"finish it before the other ranks stopped waiting ({waited} passed): it was slowed down or "
-                f"stopped in the middle of it.")
-    return (f"{head} Give bind() a longer timeout if ranks start this far apart, or find what delays this one. "
-            f"The other ranks' report:\n  {verdict.message}")
+                f"stopped in the middle of it (an overloaded host, swapping, a debugger, SIGSTOP).")
+    return f"{head} The other ranks' report:\n  {verdict.message}"
