@@ -597,10 +597,12 @@ def _claim_gpu(ns: CheckedStore, me: RankIdentity, record: bytes) -> None:
 def _timed_out(ns: CheckedStore, me: RankIdentity, deadline: Deadline) -> Verdict:
     """At the deadline: one rank (the first to get here) names the missing ranks; the others take its verdict."""
     if ns.add("timeout", 1) == 1:
-        return publish(ns, "verdict", _timeout_verdict(ns, me, deadline.total))
-    data = ns.wait_get("verdict", min(TIMEOUT_GRACE_S, ns.bound() or TIMEOUT_GRACE_S))
-    if data is not None:
-        return Verdict.decode(data, ns.key("verdict"))
+        verdict = publish(ns, "verdict", _timeout_verdict(ns, me, deadline.total))
+    else:
+        data = ns.wait_get("verdict", min(TIMEOUT_GRACE_S, ns.bound() or TIMEOUT_GRACE_S))
+        verdict = Verdict("moved") if data is None else Verdict.decode(data, ns.key("verdict"))
+    if verdict.kind != "moved":  # moved: this epoch was an earlier run's, and this run's is too late to join now
+        return verdict
     arrived_now = ns.counter("arrived")
     return Verdict("timeout",
                    f"only {arrived_now} of {me.world_size} ranks of group '{me.group}' reached gpuguard's placement "
