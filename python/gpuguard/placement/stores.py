@@ -270,11 +270,8 @@ class CheckedStore:
         """After a failed ``add``: the key's value when it is not a decimal integer (c10d's server cannot add to
         it and drops the connection, so it is read through a new client when the store can make one)."""
         key = self.key(relative)
-        reader = self.raw
-        clone = getattr(self.raw, "clone", None)
         try:
-            if callable(clone):
-                reader = self._call("clone", relative, clone)
+            reader = self._call("clone", relative, lambda: _second_client(self.raw))
             value = bytes(self._call("get", relative, lambda: reader.get(key), within=1.0))
         except GpuGuardError:
             return None
