@@ -1,5 +1,5 @@
-"""Where ranks meet: the key-value store protocol, the one checked wrapper every store call goes through, and
-discovery of the job's store in the documented order.
+"""Where ranks meet: the key-value store protocol, the one checked wrapper every store call goes through (which
+also holds each call to the caller's deadline), and discovery of the job's store in the documented order.
 
 Anything with the methods of :class:`Store` (``torch.distributed.Store`` semantics) works. Found in this order:
 
