@@ -351,7 +351,8 @@ def own_client(store: Store) -> Iterator[Store]:
     object right now (threads calling bind() over one shared client), a client of its own (``store.clone()``,
     torch >= 2.8; a new client of a bare TCPStore before that). A c10d client runs one request at a time, so a
     thread blocked in its wait for the verdict would otherwise hold back the others' publishing until the
-    deadline."""
+    deadline. A store that allows neither (a PrefixStore before torch 2.8, a store of the user's without clone)
+    is shared as it is, and its calls take turns: there, give each thread a client of its own."""
     with _leases_lock:
         users = _leases.get(id(store), 0)
         _leases[id(store)] = users + 1
