@@ -519,10 +519,11 @@ def test_a_thousand_ranks_in_one_process_cost_constant_store_operations(master):
     for host in ("node-005", "node-077", "node-126"):
         assert f"host {host}" in message
     assert "is shared by ranks 40 and 41:" in message
-    # Per-rank cost: 8 operations on a GPU of its own, at most 16 for a rank that shares (13, plus counting
-    # itself as having read a verdict that stops the job, plus 2 for the one that counts N); only the leader,
-    # which writes the verdict, reads more, and that is bounded by the report's size, not by the job's.
-    assert max(ops[1:]) <= 16
+    # Per-rank cost: 8 operations on a GPU of its own, at most 18 for a rank that shares (13, plus counting
+    # itself as having read a verdict that stops the job, plus 2 for the one that counts N and 2 for the last to
+    # read it); only the leader, which writes the verdict, reads more, and that is bounded by the report's size,
+    # not by the job's.
+    assert max(ops[1:]) <= 18
     assert sorted(ops[1:])[0] == 9  # 8, plus counting itself as having read the duplicate verdict
     assert ops[0] <= 16 + 16 * 16 * 2 + 4
 
