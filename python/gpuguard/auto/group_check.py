@@ -22,6 +22,7 @@ group's rendezvous actor. The exchange, the verdict and the group rules are bind
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -171,7 +172,7 @@ def before_init(kwargs: dict[str, Any], backend: Any) -> Optional[GroupCheck]:
     global _pending
     if not nccl_backed(backend):
         return None
-    context = detect()
+    context = as_torch_forms_it(detect(), kwargs)
     if context.world_size <= 1:
         return None
     group = context.group or "default"
@@ -198,6 +199,25 @@ def before_init(kwargs: dict[str, Any], backend: Any) -> Optional[GroupCheck]:
     with _state_lock:
         _pending = check
     return check
+
+
+def as_torch_forms_it(context: LaunchContext, kwargs: dict[str, Any]) -> LaunchContext:
+    """The launch context with init_process_group's own ``rank=`` and ``world_size=``: torch forms the group with
+    those, whatever the environment says. Ray Train V1 (Ray 2.43's default) passes them only as arguments, so the
+    environment alone would make every worker "rank 0 of 1" and skip the check."""
+    rank, world_size = kwargs.get("rank"), kwargs.get("world_size")
+    changes: dict[str, Any] = {}
+    sources = dict(context.sources)
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 and rank != context.rank:
+        changes["rank"] = rank
+        sources["rank"] = "init_process_group(rank=)"
+    if (isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 1
+            and world_size != context.world_size):
+        changes["world_size"] = world_size
+        sources["world_size"] = "init_process_group(world_size=)"
+    if not changes:
+        return context
+    return dataclasses.replace(context, sources=sources, **changes)
 
 
 def torch_cannot_build_nccl_here() -> bool:
