@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-import warnings
 from typing import Any
 
 import pytest
@@ -126,17 +125,6 @@ def test_placements_the_cluster_can_never_hold_are_refused_before_they_hang(clus
         gpuguard.ray_placement(num_workers=2, strategy="pack")
     with pytest.raises(gpuguard.RayPlacementError, match=r"num_workers must be a positive integer, got 0"):
         gpuguard.ray_placement(num_workers=0)
-
-
-def test_ray_older_than_2_39_with_fractional_gpus_warns(cluster, monkeypatch):
-    monkeypatch.setattr(ray, "__version__", "2.38.0")
-    with pytest.warns(RuntimeWarning, match=r"Ray 2.38.0 is older than 2.39: with max_colocate=2 the actors get "
-                                            r"fractional GPUs \(num_gpus=1/2\).*do not match their bundle"):
-        placement = gpuguard.ray_placement(2, num_workers=1, num_cpus_per_worker=0)
-    placement.ready(timeout=CALL_TIMEOUT).remove()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # max_colocate=1 gives whole GPUs: nothing to warn about
-        gpuguard.ray_placement(1, num_workers=1, num_cpus_per_worker=0).ready(timeout=CALL_TIMEOUT).remove()
 
 
 def test_without_ray_init_the_error_says_to_call_it(cluster, monkeypatch):

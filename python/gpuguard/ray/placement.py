@@ -18,7 +18,6 @@ and a LOCAL_RANK that code passes to ``set_device`` would be the "invalid device
 from __future__ import annotations
 
 import numbers
-import warnings
 from typing import Any, Optional
 
 from ..errors import RayPlacementError
@@ -28,9 +27,6 @@ from .report import PlacementReport, read_report
 from .store import current_job_id, store_actor
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-# Ray before 2.39 could hand actors with fractional GPUs in placement-group bundles GPU ids that did not
-# match their bundle, so two ranks meant for different GPUs could share one.
-FRACTIONAL_ID_FIX = (2, 39)
 RANK_VARS = ("RANK", "WORLD_SIZE", "GPUGUARD_GROUP")
 # Options that decide where the actor runs: options() sets them; a user value would undo the placement.
 _PLACEMENT_OPTIONS = ("scheduling_strategy", "placement_group", "placement_group_bundle_index",
@@ -53,14 +49,6 @@ def _positive_int(name: str, value: Any, why: str) -> int:
         raise RayPlacementError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__}). "
                                 f"{why}", **{name: value})
     return int(value)
-
-
-def _version_tuple(version: str) -> tuple[int, int]:
-    parts = (version.split(".") + ["0", "0"])[:2]
-    try:
-        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
-    except ValueError:
-        return (0, 0)
 
 
 def _node_capacities(ray: Any, cpus_per_bundle: float) -> list[tuple[str, int, float, float]]:
@@ -137,13 +125,6 @@ def ray_placement(max_colocate: int = 1, *, num_workers: int, strategy: str = "P
     if not ray.is_initialized():
         raise RayPlacementError("gpuguard.ray_placement needs a running Ray: call ray.init() "
                                 "(or ray.init(address='auto') to join a cluster) first")
-    if max_colocate > 1 and _version_tuple(ray.__version__) < FRACTIONAL_ID_FIX:
-        warnings.warn(
-            f"Ray {ray.__version__} is older than 2.39: with max_colocate={max_colocate} the actors get "
-            f"fractional GPUs (num_gpus=1/{max_colocate}), and these Ray versions can give actors in "
-            f"placement-group bundles GPU ids that do not match their bundle, putting two ranks of one group on "
-            f"one GPU. Upgrade Ray (pip install 'ray>=2.39'); gpuguard.bind() in each actor reports it if it "
-            f"happens.", RuntimeWarning, stacklevel=2)
     bundle: dict[str, float] = {"GPU": 1.0}
     if num_cpus_per_worker > 0:
         bundle["CPU"] = float(num_cpus_per_worker) * max_colocate
