@@ -337,6 +337,11 @@ class SlowAfter:
     def timeout(self) -> datetime.timedelta:
         return self.inner.timeout
 
+    def clone(self) -> dist.TCPStore:
+        """Another connection to the same server, as TCPStore.clone() gives on torch >= 2.8 (a wrapper hides that
+        its store is a TCPStore, which gpuguard would otherwise reconnect to itself on an older torch)."""
+        return dist.TCPStore(self.inner.host, self.inner.port, is_master=False, timeout=self.inner.timeout)
+
     def add(self, key: str, amount: int) -> int:
         value = self.inner.add(key, amount)
         if key.endswith(self.suffix):
@@ -449,6 +454,11 @@ class ForeignWriter:
     @property
     def timeout(self) -> datetime.timedelta:
         return self.inner.timeout
+
+    def clone(self) -> dist.TCPStore:
+        """Another connection to the same server, as TCPStore.clone() gives on torch >= 2.8 (a wrapper hides that
+        its store is a TCPStore, which gpuguard would otherwise reconnect to itself on an older torch)."""
+        return dist.TCPStore(self.inner.host, self.inner.port, is_master=False, timeout=self.inner.timeout)
 
     def set(self, key: str, value: bytes) -> None:
         if key.endswith("/lead"):
