@@ -24,6 +24,7 @@ from gpuguard import DuplicateDeviceError, GpuGuardError, RankMappingError, Rend
 from gpuguard.deadline import Deadline
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
+from gpuguard.placement.stores import tcp_client
 
 
 @pytest.fixture
@@ -33,8 +34,10 @@ def master():
     yield store
 
 
-def client(master) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=60))
+def client(master, timeout: float = 60) -> dist.TCPStore:
+    """A client of its own, built as gpuguard builds its second clients: one at a time (see stores.tcp_client).
+    Build them before starting threads: under a few dozen threads each construction takes ~200 ms here."""
+    return tcp_client("127.0.0.1", master.port, timeout)
 
 
 class CountingStore:
@@ -79,18 +82,17 @@ def ident(rank: int, world: int, gpu: int, *, host: str = "node-a", group: str =
 def run_ranks(master, identities: list[RankIdentity], *, namespace: str = "t", timeout: float = 60,
               delays: Optional[dict[int, float]] = None, wrap: Callable[[Any], Any] = lambda store: store,
               ) -> tuple[list[Verdict], list[int]]:
-    """Runs exchange() for every identity on its own thread with its own TCPStore client (connected before a
-    barrier, because c10d client connections are slow to set up here); returns the verdicts and op counts.
+    """Runs exchange() for every identity on its own thread with its own TCPStore client (all connected first,
+    here, one after another: see client()); returns the verdicts and op counts.
     ``delays``: seconds a rank (by index) waits after the barrier; ``wrap``: around each rank's store."""
     n = len(identities)
-    stores: list[Optional[CountingStore]] = [None] * n
+    stores = [CountingStore(wrap(client(master))) for _ in range(n)]
     verdicts: list[Optional[Verdict]] = [None] * n
     errors: list[BaseException] = []
     start = threading.Barrier(n)
 
     def rank(i: int) -> None:
         try:
-            stores[i] = CountingStore(wrap(client(master)))
             start.wait(timeout=120)
             time.sleep((delays or {}).get(i, 0.0))
             verdicts[i] = exchange(stores[i], identities[i], namespace=namespace, deadline=Deadline(timeout))
@@ -105,7 +107,7 @@ def run_ranks(master, identities: list[RankIdentity], *, namespace: str = "t", t
         t.join(timeout + 150)
     assert not errors, errors[:3]
     assert all(v is not None for v in verdicts)
-    return verdicts, [s.ops for s in stores]  # type: ignore[misc,union-attr]
+    return verdicts, [s.ops for s in stores]  # type: ignore[misc]
 
 
 # ---- records ---------------------------------------------------------------------------------------------------
@@ -340,7 +342,7 @@ class SlowAfter:
     def clone(self) -> dist.TCPStore:
         """Another connection to the same server, as TCPStore.clone() gives on torch >= 2.8 (a wrapper hides that
         its store is a TCPStore, which gpuguard would otherwise reconnect to itself on an older torch)."""
-        return dist.TCPStore(self.inner.host, self.inner.port, is_master=False, timeout=self.inner.timeout)
+        return tcp_client(self.inner.host, self.inner.port, self.inner.timeout.total_seconds())
 
     def add(self, key: str, amount: int) -> int:
         value = self.inner.add(key, amount)
@@ -355,7 +357,7 @@ def test_a_store_with_a_longer_timeout_never_holds_a_rank_past_the_deadline(mast
     writing the entry: the rank that then composed blocked 24 s in store.get(.../shared/0)."""
     leave_earlier_run(master, "held", ranks=[], arrived=1)
     long_timeout = datetime.timedelta(seconds=24)
-    stores = {r: dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=long_timeout) for r in (0, 1)}
+    stores = {r: client(master, long_timeout.total_seconds()) for r in (0, 1)}
     stores[1] = SlowAfter(stores[1], "/shared/n", 6.0)
     outcome: dict[int, tuple[Verdict, float]] = {}
 
@@ -410,7 +412,7 @@ def test_a_store_whose_server_stops_answering_ends_the_call_by_the_deadline():
 def test_every_store_call_keeps_to_the_deadline_whatever_the_stores_own_timeout(master):
     """A store made with a 24 s timeout, bind(timeout=3)-style deadline: rank 0 never comes, so the follower's
     read of ``lead`` must give up at the deadline; and the timeout the user gave the store is put back."""
-    slow_store = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=24))
+    slow_store = client(master, 24)
     started = time.monotonic()
     verdict = exchange(slow_store, ident(1, 2, 1), namespace="deadline", deadline=Deadline(3))
     assert time.monotonic() - started < 3 + 1.0
@@ -458,7 +460,7 @@ class ForeignWriter:
     def clone(self) -> dist.TCPStore:
         """Another connection to the same server, as TCPStore.clone() gives on torch >= 2.8 (a wrapper hides that
         its store is a TCPStore, which gpuguard would otherwise reconnect to itself on an older torch)."""
-        return dist.TCPStore(self.inner.host, self.inner.port, is_master=False, timeout=self.inner.timeout)
+        return tcp_client(self.inner.host, self.inner.port, self.inner.timeout.total_seconds())
 
     def set(self, key: str, value: bytes) -> None:
         if key.endswith("/lead"):

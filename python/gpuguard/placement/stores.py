@@ -365,18 +365,34 @@ def own_client(store: Store) -> Iterator[Store]:
                 del _leases[id(store)]
 
 
+_TCP_CONSTRUCTION = threading.RLock()  # a wrapper's clone() may call tcp_client() itself
+
+
+def tcp_client(host: str, port: int, timeout: float) -> Any:
+    """A ``torch.distributed.TCPStore`` client, built one at a time in this process. c10d's binding constructs a
+    TCPStore with the GIL released, and pybind11 registers the new Python object inside that call, so two built at
+    once from two threads can corrupt pybind11's instance registry (seen on torch 2.6 with pybind11 2.13: the process
+    aborts later with "pybind11_object_dealloc(): Tried to deallocate unregistered instance!"). gpuguard builds
+    its second clients on helper threads, so it serialises its own constructions here."""
+    import torch.distributed as dist
+
+    with _TCP_CONSTRUCTION:
+        return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout),
+                             wait_for_workers=False)
+
+
 def _second_client(store: Store) -> Store:
     clone = getattr(store, "clone", None)
     try:
         if callable(clone):
-            return clone()  # type: ignore[no-any-return]
+            with _TCP_CONSTRUCTION:  # TCPStore.clone() and a wrapper's may construct a TCPStore
+                return clone()  # type: ignore[no-any-return]
         host, port = getattr(store, "host", None), getattr(store, "port", None)
         if isinstance(host, str) and isinstance(port, int) and "torch" in sys.modules:  # TCPStore, torch < 2.8
             import torch.distributed as dist
 
             if isinstance(store, dist.TCPStore):
-                return dist.TCPStore(host, port, is_master=False, timeout=store.timeout,  # type: ignore
-                                     wait_for_workers=False)
+                return tcp_client(host, port, store.timeout.total_seconds())  # type: ignore[no-any-return]
     except Exception:  # noqa: BLE001 - no second client: share the one there is (its calls then take turns)
         pass
     return store
@@ -414,8 +430,7 @@ def _agent_store(deadline: Deadline) -> Optional[Store]:
             return TcpStore(host, port_number, timeout, prefix)  # type: ignore[no-any-return]
         import torch.distributed as dist
 
-        tcp = dist.TCPStore(host, port_number, is_master=False, timeout=datetime.timedelta(seconds=timeout),
-                            wait_for_workers=False)
+        tcp = tcp_client(host, port_number, timeout)
     except Exception as exc:  # noqa: BLE001 - c10d raises several types; say which store and why
         raise GpuGuardError(f"could not connect to torchrun's agent store at {host}:{port_number}: {exc}",
                             host=host, port=port_number) from exc
