@@ -46,8 +46,10 @@ class Job:
                  extra: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> None:
         self.dir = tmp_path / "reports"
         self.dir.mkdir()
-        env = scrubbed(dict(env, WATCH_DIR=str(self.dir), GPUGUARD_WATCH_DIR=str(self.dir),
-                            GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl")))
+        # the worker starts the watch after init_process_group: torch before 2.11 keeps no recorder entries unless
+        # asked, so the job asks as gpuguard's warning says
+        env = scrubbed(dict({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}, **env, WATCH_DIR=str(self.dir),
+                            GPUGUARD_WATCH_DIR=str(self.dir), GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl")))
         args = [str(WORKER), scenario, str(STALL_AFTER), *extra]
         self.logs = [tmp_path / f"agent{n}.log" for n in range(agents)]
         self.procs = []
@@ -184,6 +186,28 @@ def torch_version() -> str:
     return torch.__version__.split("+")[0]
 
 
+def gloo_recorder_missing() -> str:
+    """Why gpuguard cannot read torch's flight recorder for gloo, the backend these jobs run on ('' when it can):
+    then the watchdog follows the wrappers of the Python collective functions, and cannot see DDP's reducer."""
+    from gpuguard._libtorch_loader import libtorch
+    from gpuguard.watchdog.recorder import read_flight_recorder
+    try:
+        read_flight_recorder(libtorch().flight_recorder_reader(), "gloo")
+    except RuntimeError as exc:
+        return str(exc)
+    return ""
+
+
+def progress_note() -> str:
+    """The last line of a report on this torch: the recorder's, or the wrappers' and why the recorder is not used."""
+    missing = gloo_recorder_missing()
+    if not missing:
+        return RECORDER.format(torch_version())
+    return (f"(progress from gpuguard's wrappers of torch.distributed's collective functions and w.collective(): "
+            f"complete when the call returned, when an async_op work completed, or when the CUDA event after a "
+            f"w.collective(stream=...) did; torch's flight recorder is not used: backend 'gloo': {missing})")
+
+
 @pytest.mark.slow
 def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_flight_recorder(fake_gpus, tmp_path):
     # the shape of every NCCL collective: the call returns at once, the CPU waits later (here in work.wait())
@@ -196,7 +220,7 @@ def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_f
         "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3); ranks 0, 1, 3 have waited in it",
         f"ranks 0, 1, 3 issued it at {WORKER}:{issued}; their CPU waits now: rank 0 at {WORKER}:{waits} in <module>",
         f"rank 2 is at {WORKER}:{worker_line('# rank 2 sleeps (async scenario)')} in <module>:",
-        RECORDER.format(torch_version()))
+        progress_note())
     stall = reports[3]["gpuguard_stall"]
     assert stall["issued_at"] == f"{WORKER}:{issued}" and stall["cpu_at"]["1"] == f"{WORKER}:{waits} in <module>"
     for rank in range(4):
@@ -207,6 +231,15 @@ def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_f
 @pytest.mark.slow
 def test_ddp_gradient_all_reduce_waiting_for_a_sleeping_rank_is_named_as_ddps(fake_gpus, tmp_path):
     job = Job("ddp", tmp_path, fake_gpus.env("h100x4"))
+    missing = gloo_recorder_missing()
+    if missing:  # DDP's reducer calls C++ directly: without the recorder no wrapper sees it, and rank 0 says so
+        output = job.end(timeout=300)
+        assert not job.reports() and "collective stall" not in output, output[-4000:]
+        assert (f"gpuguard.watch: torch's flight recorder is not used (backend 'gloo': {missing}), so progress "
+                f"comes from gpuguard's wrappers of torch.distributed's Python collective functions: a stall in a "
+                f"collective issued from C++ (DDP's gradient all-reduce, FSDP's all-gathers and reduce-scatters) "
+                f"is not reported") in output, output[-4000:]
+        return
     job.wait_for_reports({0, 1, 2, 3})
     output = job.end()
     backward = worker_line("# DDP's reducer all-reduces the gradients in here")
@@ -249,7 +282,7 @@ def test_gpuguard_run_with_gpuguard_watch_takes_the_same_path(fake_gpus, tmp_pat
         job, output, {0, 1, 2, 3}, "rank_behind",
         "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-3)",
         f"ranks 0, 1, 3 issued it at {WORKER}:{worker_line('# the async all-reduce')};",
-        RECORDER.format(torch_version()))
+        progress_note())
 
 
 @pytest.mark.slow
@@ -325,15 +358,18 @@ def test_everyone_in_a_hung_nccl_all_reduce_points_at_the_fabric(fake_gpus, tmp_
     job = Job("nccl_hang", tmp_path, fake_gpus.env("h100x4_nccl_hang_all_reduce"))
     job.wait_for_reports({0, 1, 2, 3})
     output = job.end(timeout=1)
+    # with the recorder, the marked collectives are numbered apart from gloo's; the wrappers number both together
+    # (the job's 4 gloo all-reduces come first)
+    number = 5 if gloo_recorder_missing() else 1
     reports = check_on_every_rank(
         job, output, {0, 1, 2, 3}, "no_progress",
-        "every rank entered ALL_REDUCE #1 on group 'default_pg' (ranks 0-3) and none completed it",
+        f"every rank entered ALL_REDUCE #{number} on group 'default_pg' (ranks 0-3) and none completed it",
         "run `gpuguard doctor --p2p --nccl`", "NCCL_P2P_DISABLE=1",
         f"ranks 0-3 issued it at {WORKER}:{worker_line('with w.collective(')}; their CPU waits now: rank 0 at ",
         "fake_pynccl.py:", f", called from {WORKER}:{worker_line('# the CPU waits here, as in torch.cuda')} in "
         "nccl_all_reduce",
         "(progress from w.collective(): complete when its block ended, or when the CUDA event recorded on the "
-        "stream after a w.collective(stream=...) block did)")
+        "stream after a w.collective(stream=...) block did)" if not gloo_recorder_missing() else progress_note())
     assert reports[0]["gpuguard_stall"]["waiting_ranks"] == [0, 1, 2, 3]
     assert job.report_time(0) - job.stall_start("stall_start.0") <= STALL_AFTER + 15
 
@@ -376,10 +412,35 @@ def test_bind_watch_starts_at_init_with_the_adaptive_floor_and_stop_restores(fak
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
     assert first["lazy"] and first["wrapped_before"] and first["at_init"] and first["ops"] >= 1, first
-    # torch's flight recorder sees every collective: the wrappers are put back once it is read
-    assert first["recorder"] and not first["wrapped_after"], first
+    # torch's flight recorder sees every collective: the wrappers are put back once it is read (kept without it)
+    recorder = not gloo_recorder_missing()
+    assert first["recorder"] == recorder and first["wrapped_after"] == (not recorder), first
     assert first["threshold"] == 60.0  # adaptive: nothing seen yet, so the floor
     assert second == {"restored": True}
+
+
+@pytest.mark.parametrize("version, asked", [("2.6.0+cu124", True), ("2.10.0", True), ("2.11.0", False),
+                                             ("2.15.0+cu132", False)])
+def test_a_torch_whose_recorder_keeps_nothing_unasked_is_asked_before_init_and_named_after(monkeypatch, version,
+                                                                                          asked):
+    import torch
+    from gpuguard.watchdog import recorder
+    monkeypatch.setattr(torch, "__version__", version)
+    environ: dict[str, str] = {}
+    assert recorder.ask_torch_to_record(environ) is asked
+    assert environ == ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"} if asked else {})
+    assert recorder._buffer_off(environ) is None  # asked (or not needed): the recorder is read
+    late = recorder._buffer_off({})  # the process group came first, nobody asked
+    if not asked:
+        assert late is None
+    else:
+        assert late == (f"torch {version.split('+')[0]} keeps no flight recorder entries unless "
+                        f"TORCH_NCCL_TRACE_BUFFER_SIZE is set (from torch 2.11 it keeps 2000), and the process group "
+                        f"existed before gpuguard.watch() could set it: set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 in the "
+                        f"job's environment, or start the watch before init_process_group (bind(watch=True) does)")
+    set_by_user = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}
+    assert not recorder.ask_torch_to_record(set_by_user) and set_by_user == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}
+    assert recorder._buffer_off(set_by_user) == "TORCH_NCCL_TRACE_BUFFER_SIZE=0 turns torch's flight recorder off"
 
 
 def test_arguments_are_checked():
@@ -401,10 +462,17 @@ def test_a_store_the_thread_cannot_reach_without_python_is_refused(tmp_path):
 
 def test_the_stack_dumper_reads_this_thread_or_says_why_it_cannot():
     from gpuguard import _core
+    from gpuguard.watchdog import stacks
 
+    assert stacks.arm() is None  # 3.11, 3.12: nothing to do; 3.10, 3.13: faulthandler's handler for SIGRTMAX-2
     text = _core.dump_python_stacks()
+    assert f'File "{__file__}"' in text and "test_the_stack_dumper_reads_this_thread" in text, text
     if sys.version_info[:2] in ((3, 11), (3, 12)):  # the versions whose libpython exports the dumper
-        assert f'File "{__file__}"' in text and "test_the_stack_dumper_reads_this_thread" in text, text
-    else:
-        assert text == (f"(no stack: Python {sys.version.split()[0]} does not export _Py_DumpTracebackThreads, which "
-                        f"gpuguard needs to read stacks without the GIL)\n")
+        return
+    # before arm(), in a fresh interpreter: the report says why it has no stack
+    probe = "from gpuguard import _core; print(_core.dump_python_stacks(), end='')"
+    unarmed = subprocess.run([sys.executable, "-c", probe],
+                             capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert unarmed.stdout == (f"(no stack: Python {sys.version.split()[0]} does not export _Py_DumpTracebackThreads, "
+                              f"which gpuguard needs to read stacks without the GIL, and faulthandler's signal "
+                              f"handler was not registered in its place)\n"), unarmed.stderr

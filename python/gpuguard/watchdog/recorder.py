@@ -47,11 +47,47 @@ def _recorder_sources(backend: str) -> list[str]:
     return out
 
 
-def _buffer_off() -> Optional[str]:
-    for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        value = os.environ.get(var)
+#: torch keeps flight recorder entries unasked from 2.11: FlightRecorder's own default went from 0 to 2000 entries
+#: in pytorch#172843 (January 2026); the 2.6 and 2.10 headers read 0, the 2.15 headers 2000
+RECORDS_UNASKED_FROM = (2, 11)
+#: what gpuguard asks for when it may (torch's own later default); TORCH_NCCL_TRACE_BUFFER_SIZE is read by every
+#: supported torch, TORCH_FR_BUFFER_SIZE only by newer ones (2.10's headers read it, 2.6's do not)
+BUFFER_VARIABLE, BUFFER_ENTRIES = "TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _buffer_setting(environ: Any) -> Optional[tuple[str, str]]:
+    for var in ("TORCH_FR_BUFFER_SIZE", BUFFER_VARIABLE):
+        value = environ.get(var)
         if value:
-            return f"{var}={value} turns torch's flight recorder off" if value.strip() == "0" else None
+            return var, value
+    return None
+
+
+def ask_torch_to_record(environ: Any = os.environ) -> bool:
+    """Before the first process group exists: asks a torch that keeps no recorder entries by default to keep
+    them (TORCH_NCCL_TRACE_BUFFER_SIZE=2000, read when torch creates its recorder), unless the user set either
+    variable. True when it set it."""
+    if _torch_version() >= RECORDS_UNASKED_FROM or _buffer_setting(environ) is not None:
+        return False
+    environ[BUFFER_VARIABLE] = BUFFER_ENTRIES
+    return True
+
+
+def _buffer_off(environ: Any) -> Optional[str]:
+    setting = _buffer_setting(environ)
+    if setting is not None:
+        var, value = setting
+        return f"{var}={value} turns torch's flight recorder off" if value.strip() == "0" else None
+    if _torch_version() < RECORDS_UNASKED_FROM:
+        return (f"torch {torch.__version__.split('+')[0]} keeps no flight recorder entries unless "
+                f"{BUFFER_VARIABLE} is set (from torch 2.11 it keeps 2000), and the process group existed before "
+                f"gpuguard.watch() could set it: set {BUFFER_VARIABLE}={BUFFER_ENTRIES} in the job's environment, or "
+                f"start the watch before init_process_group (bind(watch=True) does)")
     return None
 
 
@@ -74,9 +110,6 @@ def choose_source(environ: Any = os.environ) -> ProgressSource:
                          f"'wrappers' (gpuguard's wrappers of the Python collective functions)")
     if forced == "wrappers":
         return fallback(f"{SOURCE_VARIABLE}=wrappers")
-    off = _buffer_off()
-    if off:
-        return fallback(off)
     try:
         from .._libtorch_loader import libtorch
         reader = libtorch().flight_recorder_reader()
@@ -88,6 +121,9 @@ def choose_source(environ: Any = os.environ) -> ProgressSource:
             read_flight_recorder(reader, source)
         except RuntimeError as exc:
             return fallback(f"backend '{source}': {exc}")
+    off = _buffer_off(environ)  # after the backends: one without a recorder is the first reason
+    if off:
+        return fallback(off)
     if "gloo" not in sources:  # a CPU side group (new_group(backend="gloo")) beside an NCCL default group
         try:
             read_flight_recorder(reader, "gloo")

@@ -24,7 +24,8 @@ from torch.distributed import distributed_c10d
 
 from .._core import Watchdog
 from .collectives import Wrapped, describe_sizes, group_identity
-from .recorder import ProgressSource, SiteAnswerer, choose_source, describe_groups
+from .recorder import SOURCE_VARIABLE, ProgressSource, SiteAnswerer, ask_torch_to_record, choose_source, \
+    describe_groups
 from . import stacks
 
 logger = logging.getLogger("gpuguard")
@@ -108,7 +109,9 @@ class Watch:
         self._sites: Optional[SiteAnswerer] = None
         self.source: Optional[ProgressSource] = None
         self.report_path: Optional[str] = None
-        if dist.is_available() and dist.is_initialized():
+        if not (dist.is_available() and dist.is_initialized()):
+            ask_torch_to_record()  # torch before 2.11: its recorder keeps no entries unless asked before it exists
+        else:
             try:
                 self._start()
             except BaseException:
@@ -127,6 +130,11 @@ class Watch:
         no_stacks = stacks.arm()  # Python 3.10 and 3.13: the stacks through faulthandler's signal handler
         if no_stacks:
             logger.warning("gpuguard.watch: stall reports will carry no Python stack: %s", no_stacks)
+        if source.reader is None and rank == 0 and not source.fallback_reason.startswith(SOURCE_VARIABLE):
+            logger.warning(
+                "gpuguard.watch: torch's flight recorder is not used (%s), so progress comes from gpuguard's wrappers "
+                "of torch.distributed's Python collective functions: a stall in a collective issued from C++ (DDP's "
+                "gradient all-reduce, FSDP's all-gathers and reduce-scatters) is not reported", source.fallback_reason)
         dog = Watchdog(
             store_host=host, store_port=port, prefix=f"gpuguard/watch/{run}/{self._generation}/", rank=rank,
             world_size=world_size, host=socket.gethostname(), pid=os.getpid(), gpu=_gpu_uuid(),
