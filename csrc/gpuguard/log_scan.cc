@@ -41,10 +41,22 @@ std::uint64_t count_byte(const char* p, std::size_t size, char c) {
 
 }  // namespace
 
-KeywordSearch::KeywordSearch(std::vector<std::string> keywords) : keywords_(std::move(keywords)) {
+KeywordSearch::KeywordSearch(std::vector<std::string> keywords, std::vector<std::uint8_t> groups)
+    : keywords_(std::move(keywords)), groups_(std::move(groups)) {
   if (keywords_.empty()) throw std::invalid_argument("log scanner: no keywords");
+  if (groups_.empty()) {
+    if (keywords_.size() > kMaxGroups)
+      throw std::invalid_argument("log scanner: more than " + std::to_string(kMaxGroups) +
+                                  " keywords without groups");
+    for (std::size_t i = 0; i < keywords_.size(); ++i) groups_.push_back(static_cast<std::uint8_t>(i));
+  }
   if (keywords_.size() > kMaxKeywords)
     throw std::invalid_argument("log scanner: more than " + std::to_string(kMaxKeywords) + " keywords");
+  if (groups_.size() != keywords_.size())
+    throw std::invalid_argument("log scanner: one group per keyword is needed");
+  for (std::uint8_t g : groups_)
+    if (g >= kMaxGroups)
+      throw std::invalid_argument("log scanner: a group must be below " + std::to_string(kMaxGroups));
   window_ = kMaxWindow;
   for (const auto& k : keywords_) {
     if (k.size() < kMinKeywordBytes)
@@ -105,14 +117,14 @@ std::size_t KeywordSearch::find(std::string_view text) const {
 std::uint64_t KeywordSearch::present(std::string_view text) const {
   std::uint64_t found = 0;
   for_each_hit(text, [&](std::size_t, std::uint16_t k) {
-    found |= 1ULL << k;
+    found |= 1ULL << groups_[k];
     return false;
   });
   return found;
 }
 
-LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits)
-    : search_(std::move(keywords)), limits_(limits) {
+LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits, std::vector<std::uint8_t> groups)
+    : search_(std::move(keywords), std::move(groups)), limits_(limits) {
   if (limits_.max_line_bytes == 0 || limits_.context_line_bytes == 0)
     throw std::invalid_argument("log scanner: line limits must be positive");
   for (const auto& k : search_.keywords())
@@ -220,10 +232,10 @@ void LogScanner::line(std::string_view text) {
     ++hits_;
     context_before(number, {});
     emit_hit(number, text);
-    emit_next_ = true;
-  } else if (emit_next_) {
+    after_left_ = limits_.lines_after;
+  } else if (after_left_ > 0) {
     emit(number, false, text);
-    emit_next_ = false;
+    --after_left_;
   }
   remember(number, text);
 }
@@ -233,7 +245,7 @@ void LogScanner::region(const char* d, std::size_t size) {
   const std::size_t cut = limits_.max_line_bytes;
   std::size_t pos = 0;
   while (pos < size) {
-    if (emit_next_) {  // the line right after a hit is handed out whatever it holds
+    if (after_left_ > 0) {  // the lines right after a hit are handed out whatever they hold
       std::size_t end = r.end_of_line(pos);
       line(std::string_view(d + pos, std::min(end - pos, cut)));
       pos = r.after(end);
@@ -266,7 +278,7 @@ void LogScanner::region(const char* d, std::size_t size) {
     ++hits_;
     context_before(number, std::move(before));
     emit_hit(number, text);
-    emit_next_ = true;
+    after_left_ = limits_.lines_after;
     pos = r.after(end);
   }
   // The region's last lines are the context of a hit early in the next one.

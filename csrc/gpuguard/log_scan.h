@@ -6,7 +6,7 @@
 // recognisers' keywords with one multi-keyword search (Wu-Manber over byte pairs: every byte is looked at a
 // bounded number of times, so the whole scan is linear in the input). It hands out only
 //   - the lines that hold a keyword ("hits"),
-//   - the line right after each hit (a message a terminal wrapped continues there),
+//   - the lines_after lines right after each hit (a message a terminal or viewer wrapped continues there),
 //   - the up to context_lines lines before each hit (the traceback that led to it),
 // each at most once and in input order, so what it hands out never exceeds what it read. Memory is bounded by
 // the limits, whatever the size or shape of the input: no Python, no torch, only the standard library.
@@ -26,10 +26,12 @@ struct LogScanLimits {
   std::size_t max_line_bytes = 16 * 1024;   // longer lines are cut; their rest is skipped
   std::size_t context_lines = 64;           // lines before a hit handed out with it
   std::size_t context_line_bytes = 1024;    // each such line cut here
+  std::size_t lines_after = 1;              // lines after a hit handed out with it (the pieces of a wrapped message)
 };
 
-// One line handed out: its 1-based number in the input, whether it holds a keyword, its bytes (cut), and which
-// keywords it holds (bit i: keyword i), so that Python offers it only to the recognisers those keywords belong to.
+// One line handed out: its 1-based number in the input, whether it holds a keyword, its bytes (cut), and the groups
+// of the keywords it holds (bit g: a keyword of group g; by default each keyword is its own group), so that Python
+// offers it only to the recognisers those keywords belong to.
 struct ScannedLine {
   std::uint64_t number = 0;
   bool hit = false;
@@ -41,21 +43,25 @@ struct ScannedLine {
 class KeywordSearch {
  public:
   // Keywords are byte strings of at least kMinKeywordBytes (shorter ones make the skip useless), at most
-  // kMaxKeywords of them.
+  // kMaxKeywords of them. groups[i] (below kMaxGroups) is the bit keyword i sets in present(); without groups,
+  // keyword i sets bit i (then at most kMaxGroups keywords).
   static constexpr std::size_t kMinKeywordBytes = 4;
-  explicit KeywordSearch(std::vector<std::string> keywords);
-  static constexpr std::size_t kMaxKeywords = 64;   // one bit each in ScannedLine::keywords
+  static constexpr std::size_t kMaxKeywords = 4096;
+  static constexpr std::size_t kMaxGroups = 64;      // one bit each in ScannedLine::keywords
+  explicit KeywordSearch(std::vector<std::string> keywords, std::vector<std::uint8_t> groups = {});
   // Offset of the first occurrence of any keyword, or npos.
   std::size_t find(std::string_view text) const;
-  // Which keywords occur in text (bit i: keyword i), in one pass.
+  // The groups of the keywords that occur in text (bit g: group g), in one pass.
   std::uint64_t present(std::string_view text) const;
   const std::vector<std::string>& keywords() const { return keywords_; }
+  const std::vector<std::uint8_t>& groups() const { return groups_; }
 
  private:
   // Calls on_hit(start, keyword index) for each keyword occurrence, left to right, until it returns true.
   template <class OnHit>
   void for_each_hit(std::string_view text, OnHit&& on_hit) const;
   std::vector<std::string> keywords_;
+  std::vector<std::uint8_t> groups_;                // the bit of each keyword
   std::size_t window_ = 0;                          // the shortest keyword's length
   std::vector<std::uint8_t> shift_;                 // per byte pair: how far the window may move
   std::vector<std::uint16_t> ends_slot_;           // per byte pair: 1 + its index in ends_, 0 if it ends no window
@@ -64,8 +70,8 @@ class KeywordSearch {
 
 class LogScanner {
  public:
-  // Throws std::invalid_argument for a keyword that is too short or a zero limit.
-  LogScanner(std::vector<std::string> keywords, LogScanLimits limits = {});
+  // Throws std::invalid_argument for a keyword that is too short, a group out of range or a zero limit.
+  LogScanner(std::vector<std::string> keywords, LogScanLimits limits = {}, std::vector<std::uint8_t> groups = {});
 
   // Reads the next bytes of the stream; lines it completes are judged at once.
   void feed(std::string_view bytes);
@@ -97,7 +103,7 @@ class LogScanner {
   std::uint64_t lines_ = 0;
   std::uint64_t hits_ = 0;
   std::uint64_t emitted_through_ = 0;   // the last line number handed out
-  bool emit_next_ = false;              // the line after a hit is handed out too
+  std::size_t after_left_ = 0;          // lines still to hand out after the last hit
   std::string partial_;                 // head of a line still waiting for its end (cut at max_line_bytes)
   bool partial_open_ = false;
   bool after_cr_ = false;               // the last byte fed was a '\r': a '\n' next belongs to it

@@ -70,3 +70,31 @@ TEST(LogScanner, AnOverlongLineIsCutAndItsRestNeverKept) {
   // a keyword beyond the cut does not make a hit
   EXPECT_TRUE(scan(std::string(40, 'y') + "invalid device ordinal\n", 7, limits).empty());
 }
+
+TEST(KeywordSearch, GroupsNameTheBitsAKeywordSets) {
+  // two fragments of one message in one group: a line holding either sets that group's bit only
+  KeywordSearch search({"Duplicate GP", "PU detected", "invalid dev", "ice ordinal"}, {3, 3, 0, 0});
+  EXPECT_EQ(search.present("Duplicate GPU detected"), 1ULL << 3);
+  EXPECT_EQ(search.present("CUDA error: invalid device"), 1ULL << 0);
+  EXPECT_EQ(search.present("ordinal ... PU detected"), 1ULL << 3);
+  EXPECT_EQ(search.present("nothing"), 0u);
+  EXPECT_THROW(KeywordSearch({"abcd", "efgh"}, {0}), std::invalid_argument);   // one group per keyword
+  EXPECT_THROW(KeywordSearch({"abcd"}, {64}), std::invalid_argument);          // beyond the mask
+  std::vector<std::string> many(65, "abcd");
+  EXPECT_THROW(KeywordSearch{many}, std::invalid_argument);                     // 65 bits without groups
+  EXPECT_NO_THROW(KeywordSearch(many, std::vector<std::uint8_t>(65, 1)));
+}
+
+TEST(LogScanner, LinesAfterAHitAreHandedOutUpToTheLimitEvenAcrossReads) {
+  LogScanLimits limits;
+  limits.context_lines = 1;
+  limits.lines_after = 3;
+  const std::string log = "a\nb\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA\ndevice\n1000\nc\nd\ne\n";
+  for (std::size_t piece : {1u, 2u, 5u, 1000u}) {
+    EXPECT_EQ(describe(scan(log, piece, limits)), "2 b|3*Duplicate GPU detected : rank 1 and rank 0 both on CUDA|"
+                                                  "4 device|5 1000|6 c|")
+        << "piece " << piece;
+  }
+  limits.lines_after = 0;
+  EXPECT_EQ(describe(scan(log, 7, limits)), "2 b|3*Duplicate GPU detected : rank 1 and rank 0 both on CUDA|");
+}

@@ -37,18 +37,21 @@ PyObject* lines_to_list(std::vector<gpuguard::ScannedLine> lines) {
 }
 
 int scanner_init(ScannerObject* self, PyObject* args, PyObject* kwargs) {
-  static const char* names[] = {"keywords", "max_line_bytes", "context_lines", "context_line_bytes", nullptr};
+  static const char* names[] = {"keywords", "max_line_bytes", "context_lines", "context_line_bytes", "groups",
+                                "lines_after", nullptr};
   PyObject* keywords = nullptr;
+  PyObject* groups = Py_None;
   gpuguard::LogScanLimits limits;
   Py_ssize_t max_line = static_cast<Py_ssize_t>(limits.max_line_bytes);
   Py_ssize_t context_lines = static_cast<Py_ssize_t>(limits.context_lines);
   Py_ssize_t context_bytes = static_cast<Py_ssize_t>(limits.context_line_bytes);
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|nnn", const_cast<char**>(names), &keywords, &max_line,
-                                   &context_lines, &context_bytes))
+  Py_ssize_t lines_after = static_cast<Py_ssize_t>(limits.lines_after);
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|nnnOn", const_cast<char**>(names), &keywords, &max_line,
+                                   &context_lines, &context_bytes, &groups, &lines_after))
     return -1;
-  if (max_line <= 0 || context_lines < 0 || context_bytes <= 0) {
+  if (max_line <= 0 || context_lines < 0 || context_bytes <= 0 || lines_after < 0) {
     PyErr_SetString(PyExc_ValueError, "Scanner: max_line_bytes and context_line_bytes must be positive, "
-                                      "context_lines not negative");
+                                      "context_lines and lines_after not negative");
     return -1;
   }
   PyObject* seq = PySequence_Fast(keywords, "Scanner: keywords must be a sequence of bytes");
@@ -64,12 +67,33 @@ int scanner_init(ScannerObject* self, PyObject* args, PyObject* kwargs) {
     words.emplace_back(PyBytes_AS_STRING(item), static_cast<std::size_t>(PyBytes_GET_SIZE(item)));
   }
   Py_DECREF(seq);
+  std::vector<std::uint8_t> group_of;
+  if (groups != Py_None) {
+    PyObject* gseq = PySequence_Fast(groups, "Scanner: groups must be a sequence of ints");
+    if (gseq == nullptr) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(gseq); ++i) {
+      long g = PyLong_AsLong(PySequence_Fast_GET_ITEM(gseq, i));
+      if (g == -1 && PyErr_Occurred()) {
+        Py_DECREF(gseq);
+        return -1;
+      }
+      if (g < 0 || g >= static_cast<long>(gpuguard::KeywordSearch::kMaxGroups)) {
+        Py_DECREF(gseq);
+        PyErr_Format(PyExc_ValueError, "Scanner: group %ld is out of range (0 to %d)", g,
+                     static_cast<int>(gpuguard::KeywordSearch::kMaxGroups) - 1);
+        return -1;
+      }
+      group_of.push_back(static_cast<std::uint8_t>(g));
+    }
+    Py_DECREF(gseq);
+  }
   limits.max_line_bytes = static_cast<std::size_t>(max_line);
   limits.context_lines = static_cast<std::size_t>(context_lines);
   limits.context_line_bytes = static_cast<std::size_t>(context_bytes);
+  limits.lines_after = static_cast<std::size_t>(lines_after);
   try {
     delete self->scanner;
-    self->scanner = new gpuguard::LogScanner(std::move(words), limits);
+    self->scanner = new gpuguard::LogScanner(std::move(words), limits, std::move(group_of));
   } catch (const std::invalid_argument& e) {
     self->scanner = nullptr;
     PyErr_SetString(PyExc_ValueError, e.what());
@@ -132,10 +156,10 @@ PyObject* scanner_hits(ScannerObject* self, void*) {
 
 PyMethodDef scanner_methods[] = {
     {"feed", reinterpret_cast<PyCFunction>(scanner_feed), METH_O,
-     "feed(data) -> [(line_number, is_hit, bytes, keywords)]: the lines handed out from the next bytes of the "
-     "stream; keywords has bit i set when keyword i is in a hit"},
+     "feed(data) -> [(line_number, is_hit, bytes, groups)]: the lines handed out from the next bytes of the "
+     "stream; groups has bit g set when a keyword of group g is in a hit"},
     {"finish", reinterpret_cast<PyCFunction>(scanner_finish), METH_NOARGS,
-     "finish() -> [(line_number, is_hit, bytes, keywords)]: the stream ended; judges a last unterminated line"},
+     "finish() -> [(line_number, is_hit, bytes, groups)]: the stream ended; judges a last unterminated line"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef scanner_getset[] = {
@@ -144,8 +168,9 @@ PyGetSetDef scanner_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 const char kScannerDoc[] =
-    "Scanner(keywords, max_line_bytes=16384, context_lines=64, context_line_bytes=1024): splits a byte stream into "
-    "lines and hands out those holding a keyword, the line after each and the lines before each.";
+    "Scanner(keywords, max_line_bytes=16384, context_lines=64, context_line_bytes=1024, groups=None, lines_after=1): "
+    "splits a byte stream into lines and hands out those holding a keyword, the lines_after lines after each and "
+    "the context_lines lines before each; groups[i] is the bit keyword i sets (default: i).";
 
 PyType_Slot scanner_slots[] = {
     {Py_tp_doc, const_cast<char*>(kScannerDoc)},

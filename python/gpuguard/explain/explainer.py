@@ -1,47 +1,118 @@
-"""The streaming explainer: offers each line holding a known keyword to the registry's recognisers, in order."""
+"""The streaming explainer: normalises each line the keyword filter passed (and its neighbours), joins the pieces of
+a wrapped message, and offers the message to the registry's recognisers, in order."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from collections import deque
-from typing import IO, Any, Iterable, Optional, Sequence, Union
+from typing import IO, Any, Iterable, Iterator, Optional, Sequence, Union, overload
 
-from .._core import Scanner
-from .lines import MAX_LINE_CHARS, Origin, strip_prefixes
+from .lines import MAX_LINE_CHARS, Origin
 from .model import Diagnosis, Group, ranks_text
+from .normalise import NormalLine, normalise
 from .recogniser import Host, Line, Recogniser
-from .registry import BY_KIND, HELP, KEYWORDS, KINDS, READING_ORDER
-from .wrapping import continuation, join
+from .registry import BY_KIND, FILTER_GROUPS, FILTER_KEYWORDS, HELP, KINDS, NEIGHBOUR_FRAGMENTS, READING_ORDER
+from .wrapping import END, MAX_PIECES, TERMINAL_MIN_WIDTH, Message, break_options
 
 # Lines kept for context (the traceback lines that precede an error), all sources together, each cut here.
 CONTEXT_LINES = 64
 CONTEXT_CHARS = 1024
-# A line shorter than this is not a terminal's wrap of a longer one (terminals are at least 80 columns wide).
-TERMINAL_MIN_WIDTH = 80
+# Lines the reader hands out after each hit: the later pieces of a message wrapped below it.
+LINES_AFTER = MAX_PIECES - 1
 # How much of a stream is read at a time.
 READ_BYTES = 1 << 20
+# A keyword a break cut leaves its halves at the end of one line and the start of the next: only these many
+# characters at each end of a line are searched for them.
+EDGE_CHARS = 64
 
-_KEYWORD_BYTES = [k.encode() for k in KEYWORDS]
-# Bit i of the mask the reader gives a hit is KEYWORDS[i]: the recognisers owning the keywords a line holds.
-_KEYWORD_MASKS = {r: sum(1 << i for i, k in enumerate(KEYWORDS) if k in r.keywords) for r in READING_ORDER}
+_NO_ORIGIN = (None, None, None, None)
+
+
+class _Entry:
+    """One line handed out by the reader, normalised once."""
+
+    __slots__ = ("number", "line", "mask", "hit", "taken", "_complete")
+
+    def __init__(self, number: int, line: NormalLine, mask: int, hit: bool) -> None:
+        self.number = number
+        self.line = line
+        self.mask = mask          # bit i: READING_ORDER[i] holds a keyword (or a piece of one) here
+        self.hit = hit
+        self.taken = False        # a recogniser read it (alone or as a piece of a message)
+        self._complete: Optional[bool] = None
+
+    def complete(self) -> bool:
+        """Whether this line alone holds a match of a recogniser it may hold: a message of its own."""
+        if self._complete is None:
+            self._complete = self.hit and _span(self.line.body, _recognisers(self.mask)) is not None
+        return self._complete
+
+
+def _edge_mask(body: str) -> int:
+    """The recognisers one of whose keywords has a half at the start or the end of ``body`` (a keyword broken
+    across two lines leaves its halves there)."""
+    head, tail = body[:EDGE_CHARS], body.rstrip()[-EDGE_CHARS:]
+    mask = 0
+    for fragment, group in NEIGHBOUR_FRAGMENTS:
+        if fragment in head or fragment in tail:
+            mask |= 1 << group
+    return mask
+
+
+def _recognisers(mask: int) -> list[Recogniser]:
+    return [r for i, r in enumerate(READING_ORDER) if mask >> i & 1]
+
+
+class _Context(Sequence[tuple[int, str]]):
+    """The lines before a message, as their programs printed them (launcher prefixes kept), oldest first: a view
+    of the explainer's window, built only when a recogniser looks."""
+
+    def __init__(self, entries: Sequence[_Entry]) -> None:
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, str]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[int, str]]: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[tuple[int, str], list[tuple[int, str]]]:
+        if isinstance(i, slice):
+            return [(e.number, e.line.printed[:CONTEXT_CHARS]) for e in self._entries[i]]
+        e = self._entries[i]
+        return e.number, e.line.printed[:CONTEXT_CHARS]
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return ((e.number, e.line.printed[:CONTEXT_CHARS]) for e in self._entries)
+
+    def __reversed__(self) -> Iterator[tuple[int, str]]:
+        return ((e.number, e.line.printed[:CONTEXT_CHARS]) for e in reversed(self._entries))
 
 
 class LogExplainer:
     """Streaming explainer: feed() text or bytes in order, then diagnoses(). Memory does not grow with the input.
 
     The C++ reader (gpuguard._core.Scanner) splits the stream into lines, cuts each at MAX_LINE_CHARS bytes and hands
-    over only the lines holding a recogniser's keyword, with the line after each and the lines before each
-    (context); everything else is counted and dropped without reaching Python.
+    over only the lines holding a piece of a recogniser's keyword, with the LINES_AFTER lines after each and the
+    CONTEXT_LINES lines before each; everything else is counted and dropped without reaching Python. Each line
+    handed over is normalised once (``normalise.py``); a hit is read once the lines after it are known.
     """
 
     def __init__(self, *, match_local: bool = True, local_devices: Optional[Sequence[Any]] = None,
                  local_host: Optional[str] = None, log_is_local: bool = False) -> None:
+        from .._core import Scanner
+
         self._host = Host(match_local, local_devices, local_host, log_is_local)
-        self._scanner = Scanner(_KEYWORD_BYTES, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS)
-        self._context: deque[tuple[int, str]] = deque(maxlen=CONTEXT_LINES)
+        self._scanner = Scanner(FILTER_KEYWORDS, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS, FILTER_GROUPS,
+                                LINES_AFTER)
+        # the lines handed over lately: the context of the oldest hit still waiting, and the lines after it
+        self._window: deque[_Entry] = deque(maxlen=CONTEXT_LINES + LINES_AFTER + 1)
+        self._pending: deque[_Entry] = deque()  # hits waiting for the lines after them
         self._groups: dict[str, Group] = {}
-        self._pending: Optional[tuple[int, str, int]] = None  # a hit waiting for the line after it
         self._finished = False
 
     @property
@@ -83,26 +154,26 @@ class LogExplainer:
         if not self._finished:
             self._finished = True
             self._take(self._scanner.finish())
-            self._flush(None)
+            self._read_pending(every=True)
 
     def _take(self, handed: Iterable[tuple[int, bool, bytes, int]]) -> None:
-        for number, hit, raw, keywords in handed:
-            text = raw.decode("utf-8", "replace")
-            self._flush((number, text))
-            if hit:
-                self._pending = (number, text, keywords)
-            else:
-                self._context.append((number, text[:CONTEXT_CHARS]))
+        for number, hit, raw, mask in handed:
+            if self._window and self._window[-1].number + 1 != number:
+                self._read_pending(every=True)  # a gap: every line after the waiting hits is known
+            line = normalise(raw.decode("utf-8", "replace"))
+            # a piece of a keyword a break cut: its half at the line's start or end (the reader's bytes say
+            # which recognisers a hit holds whole keywords of)
+            mask |= _edge_mask(line.body) if not line.blank else 0
+            entry = _Entry(number, line, mask, hit or mask != 0)
+            self._window.append(entry)
+            if entry.hit:
+                self._pending.append(entry)
+            while self._pending and number - self._pending[0].number >= LINES_AFTER:
+                self._read(self._pending.popleft())
 
-    def _flush(self, nxt: Optional[tuple[int, str]]) -> None:
-        """Reads the pending hit, now that the line after it (``nxt``) is known."""
-        if self._pending is None:
-            return
-        number, text, keywords = self._pending
-        self._pending = None
-        following = nxt[1] if nxt is not None and nxt[0] == number + 1 else None
-        self._parse(number, text, keywords, following)
-        self._context.append((number, text[:CONTEXT_CHARS]))
+    def _read_pending(self, every: bool) -> None:
+        while self._pending:
+            self._read(self._pending.popleft())
 
     def _group(self, kind: str) -> Group:
         group = self._groups.get(kind)
@@ -110,57 +181,84 @@ class LogExplainer:
             group = self._groups[kind] = Group()
         return group
 
-    def _parse(self, number: int, raw: str, keywords: int, following: Optional[str]) -> None:
-        body, origin = strip_prefixes(raw)
-        # the recognisers owning a keyword the reader found in the line, in reading order (a keyword split by a
-        # multi-byte character the decoder replaced is not offered: the reader's bytes are the truth)
-        candidates = [r for r in READING_ORDER if keywords & _KEYWORD_MASKS[r]]
-        body, number = self._unwrap(number, raw, body, origin, following, candidates)
-        line = Line(number, body, origin, self._context, following)
-        # each recogniser's matches contain one of its keywords, so skipping the others loses nothing; a keyword
-        # that only a joined piece brought in belongs to that piece's own line, which is read on its own
+    def _read(self, entry: _Entry) -> None:
+        """Reads one hit: the message it is a piece of, joined, offered to the recognisers it may belong to."""
+        if entry.taken:
+            return  # read already, as a later piece of the message above it
+        window = self._window
+        at = len(window) - 1
+        while at >= 0 and window[at] is not entry:
+            at -= 1
+        if at < 0:
+            return  # cannot happen: a hit is read before it leaves the window
+        lo = at - 1 if at > 0 and window[at - 1].number == entry.number - 1 and not window[at - 1].taken else at
+        hi = at
+        while hi + 1 < len(window) and window[hi + 1].number == window[hi].number + 1 and hi - at < LINES_AFTER:
+            hi += 1
+        pieces = [window[i] for i in range(lo, hi + 1)]
+        mask = 0
+        for p in pieces:
+            mask |= p.mask
+        candidates = _recognisers(mask)
+        options = [break_options(a.line, b.line, self._terminal_width(lo + i), b.complete)
+                   for i, (a, b) in enumerate(zip(pieces, pieces[1:]))]
+        message = Message([p.line for p in pieces], options, at - lo)
+        span = message.join(lambda text: _span(text, candidates), backward=lo < at)
+        if span is None:
+            return
+        first = pieces[message.first]
+        origin = first.line.origin if first.line.origin.key() != _NO_ORIGIN else entry.line.origin
+        context = _Context([window[i] for i in range(max(0, lo + message.first - CONTEXT_LINES),
+                                                     lo + message.first)])
+        line = Line(first.number, message.body, origin, context, message)
+        # each recogniser's matches contain one of its keywords (whole, or broken across the pieces joined), so
+        # skipping the others loses nothing
         for recogniser in candidates:
             if recogniser.read(line, self._group):
+                for i in message.covers(span):
+                    pieces[i].taken = True
                 return
 
-    def _unwrap(self, number: int, raw: str, body: str, origin: Origin, following: Optional[str],
-                candidates: Sequence[Recogniser]) -> tuple[str, int]:
-        """The message a wrap broke, whole. A line that holds a keyword but no match may be the second piece of a
-        message begun on the line before; a match may go on past the line's end (a number cut by a terminal's
-        wrap), which only a line at least a terminal wide can show. The joined text is kept only when it matches
-        where the line alone did not, or further than it did."""
-        span = _span(body, candidates)
-        if span is None and self._context and self._context[-1][0] == number - 1:
-            prev_body, prev_origin = strip_prefixes(self._context[-1][1])
-            cont = continuation(prev_body, prev_origin, raw)
-            if cont is not None:
-                joined = join(prev_body, cont)
-                joined_span = _span(joined, candidates)
-                if joined_span is not None:
-                    body, number, span = joined, number - 1, joined_span
-        if following is None:
-            return body, number
-        if span is None or (span[1] >= len(body.rstrip()) and len(body) >= TERMINAL_MIN_WIDTH):
-            cont = continuation(body, origin, following)
-            # a match that reaches the line's end grows only into a terminal's wrap (no indent, no prefix): an
-            # indented or prefixed next line may be the next record, and is joined only to complete a match
-            if cont is not None and (span is None or not cont.separator):
-                joined = join(body, cont)
-                joined_span = _span(joined, candidates)
-                if joined_span is not None and (span is None or (joined_span[0] == span[0] and
-                                                                 joined_span[1] > span[1])):
-                    body = joined
-        return body, number
+    def _terminal_width(self, index: int):  # type: ignore[no-untyped-def]
+        """Whether the paste shows a terminal as wide as the line at ``index`` of the window: another line of the
+        window, of exactly that width, broken where a terminal breaks (the next line goes on at column 0)."""
+        window = self._window
+
+        def shows(width: int) -> bool:
+            if width < TERMINAL_MIN_WIDTH:
+                return False
+            for i in range(len(window) - 1):
+                if i == index:
+                    continue
+                a, b = window[i], window[i + 1]
+                if a.line.width == width and b.number == a.number + 1 and not b.line.blank and \
+                        b.line.indent == 0 and not b.line.store and not b.line.header and \
+                        b.line.origin.key() == _NO_ORIGIN and not a.line.trailing_blank:
+                    return True
+            return False
+
+        return shows
 
     def kinds(self) -> list[str]:
-        """The kinds recognised so far, in report order, without building the diagnoses (a last line still open
-        waits for finish())."""
-        self._flush(None)
+        """The kinds recognised so far, in report order, without building the diagnoses (a hit still waiting for
+        the lines after it is read now)."""
+        self._read_pending(every=True)
         return [kind for kind in KINDS if kind in self._groups]
 
     def diagnoses(self) -> list[Diagnosis]:
         self.finish()
-        return [BY_KIND[kind].build(kind, self._groups[kind], self._host) for kind in self.kinds()]
+        return [_with_unreadable(BY_KIND[kind].build(kind, self._groups[kind], self._host), self._groups[kind])
+                for kind in self.kinds()]
+
+
+def _with_unreadable(d: Diagnosis, group: Group) -> Diagnosis:
+    """The diagnosis, saying which values the text does not give for certain."""
+    notes = tuple(group.facts.get("unreadable", ()))
+    if not notes:
+        return d
+    return dataclasses.replace(d, unreadable=notes, summary=(
+        d.summary + " Unreadable in this text: " + "; ".join(notes) + " (a line break cuts through it where the "
+        "text does not tell how the pieces join; the cause and the fix do not depend on it)."))
 
 
 def _span(body: str, recognisers: Sequence[Recogniser]) -> Optional[tuple[int, int]]:

@@ -1,4 +1,5 @@
-"""Reading a log: lines cut at MAX_LINE_CHARS, and the prefixes launchers add stripped to tell who printed each."""
+"""Reading a log: lines cut at MAX_LINE_CHARS, and the prefixes launchers add (who printed each line) and logging
+libraries add (a log header: when, at which level) stripped from the line's head."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any, Iterator, Optional, Union
 
+from .paste_rules import ansi_codes, log_header
+
 # Lines longer than this (in bytes, as read) are cut; the rest of such a line is skipped without being held in
 # memory (by the C++ reader, gpuguard._core.Scanner, for streams; by iter_lines for text).
 MAX_LINE_CHARS = 16 * 1024
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Ray driver output of worker lines: "(RayWorker pid=123)" / "(WorkerDict pid=123, ip=10.0.0.5)" / "(pid=123)"
 # (ray/_private/worker.py, print_worker_logs).
 _RAY_PREFIX = re.compile(r"\((?:(?P<actor>[^\s()]+) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\)\s*")
@@ -58,11 +60,20 @@ class Origin:
 
 
 def strip_prefixes(line: str) -> tuple[str, Origin]:
-    """The line's text without ANSI colours and launcher prefixes, and who printed it."""
-    text = (_ANSI.sub("", line) if "\x1b" in line else line).rstrip("\r\n")
+    """The line's text without ANSI colours, launcher prefixes and log headers, and who printed it."""
+    body, origin, _ = read_prefixes(line)
+    return body, origin
+
+
+def read_prefixes(line: str) -> tuple[str, Origin, bool]:
+    """The line's text without ANSI colours, launcher prefixes and log headers (in any order: "[rank1]:[E1121
+    05:00:00 ...] " as much as "2026-01-05 10:00:00 INFO [rank1]: "), who printed it, and whether a log header
+    opened it (the line is then a record of its own, never the rest of the line before)."""
+    text = ansi_codes(line).rstrip("\r\n")
     origin = Origin()
+    header = False
     pos = 0
-    while True:
+    for _ in range(16):  # prefixes stack a few deep; a line of nothing but prefixes ends the loop too
         while pos < len(text) and text[pos] in " \t":
             pos += 1
         m = _RAY_PREFIX.match(text, pos)
@@ -83,6 +94,11 @@ def strip_prefixes(line: str) -> tuple[str, Origin]:
             origin.local_rank = int(m.group("local"))
             pos = m.end()
             continue
+        end = log_header(text, pos)
+        if end is not None and end > pos:
+            header = True
+            pos = end
+            continue
         break
     body = text[pos:]
     m = _NCCL_WARN_PREFIX.search(body, 0, _NCCL_WARN_HEAD)
@@ -90,7 +106,7 @@ def strip_prefixes(line: str) -> tuple[str, Origin]:
         origin.host = m.group("host")
         origin.pid = int(m.group("pid"))
         origin.nccl_device = int(m.group("dev"))
-    return body, origin
+    return body, origin, header
 
 
 def iter_lines(stream: Union[IO[str], IO[bytes]]) -> Iterator[str]:

@@ -1,8 +1,12 @@
-"""The one interface every failure explain knows implements: its kinds, keywords, patterns, help line, read, build.
+"""The one interface every failure explain knows implements: its kinds, keywords, patterns, help line, examples,
+read, build.
 
 Adding a failure is one module in ``recognisers/`` (a Recogniser subclass) and its entry (with its import) in
 ``registry.py``. A recogniser is stateless: what it learns from the lines it reads goes into the Group of the kind it names
-(``Group.facts`` for its own facts, which it must cap), so one instance serves every LogExplainer.
+(``Group.facts`` for its own facts, which it must cap), so one instance serves every LogExplainer. It reads every
+number through ``Line.number`` (a number a paste broke across lines may be unreadable: it then notes that with
+``Group.unreadable`` instead of guessing), and declares ``examples``: its own clean texts with the values they must
+give, from which the corpus of pasted shapes is generated (tests/python/paste_corpus.py).
 """
 
 from __future__ import annotations
@@ -10,22 +14,56 @@ from __future__ import annotations
 import re
 import socket
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Optional, Sequence
 
 from .lines import Origin
 from .model import Diagnosis, Group
 
+if TYPE_CHECKING:
+    from .wrapping import Message
+
 
 class Line(NamedTuple):
-    """One line offered to a recogniser: its number, its text without prefixes, who printed it, the raw
-    lines before it (up to CONTEXT_LINES, oldest first, as ``(number, text)``) and the raw line right after it
-    (None when the reader did not hand it over: the log ended, or a line was skipped)."""
+    """One message offered to a recogniser: the number of its first line, its text (normalised: what a paste and a
+    log store added removed, without launcher prefixes and log headers; the pieces of a wrapped message joined),
+    who printed it, the lines before it (up to CONTEXT_LINES, oldest first, as ``(number, text)``, each as its
+    program printed it: launcher prefixes kept), and the Message it was joined from (None: one whole line)."""
 
     number: int
     body: str
     origin: Origin
     context: Sequence[tuple[int, str]]
-    following: Optional[str] = None
+    message: Optional["Message"] = None
+
+    def value(self, m: "re.Match[str]", group: str, parse: Callable[[str], Any] = str) -> Any:
+        """``parse`` of what ``group`` (a number, or a list of numbers) matched, when it is whole: every reading of
+        the line breaks it touches gives the same, and no letter or digit is glued to it. None when it is
+        unreadable (or absent, or ``parse`` refuses it)."""
+        if self.message is not None:
+            return self.message.value(m, group, parse)
+        text = m.group(group)
+        if text is None:
+            return None
+        s, e = m.span(group)
+        whole = (s == 0 or not m.string[s - 1].isalnum()) and (e >= len(m.string) or not m.string[e].isalnum())
+        try:
+            return parse(text) if whole else None
+        except ValueError:
+            return None
+
+    def integer(self, m: "re.Match[str]", group: str) -> Optional[int]:
+        """``value`` as an int."""
+        return self.value(m, group, int)
+
+
+class Example(NamedTuple):
+    """A clean text a recogniser reads, with what it must give: the kind, the ranks, and strings its summary or
+    devices must hold (the decoded numbers). The corpus of pasted shapes is generated from these."""
+
+    text: str
+    kind: str
+    ranks: tuple[int, ...] = ()
+    values: tuple[str, ...] = ()
 
 
 #: Gives the Group that accumulates one kind of diagnosis (made on first use).
@@ -76,6 +114,8 @@ class Recogniser(ABC):
     help: ClassVar[str]
     #: Kinds whose recogniser reads a line first when its patterns match that line too.
     yields_to: ClassVar[tuple[str, ...]] = ()
+    #: Its clean texts and what each must give (at least one per kind, each the real library's wording).
+    examples: ClassVar[tuple[Example, ...]] = ()
 
     @abstractmethod
     def read(self, line: Line, groups: Groups) -> bool:

@@ -1,6 +1,9 @@
-"""Every failure explain recognises, one line each; their order is the order of the report and of the help."""
+"""Every failure explain recognises, one line each; their order is the order of the report and of the help. The
+keyword filter's fragments follow from their keywords."""
 
 from __future__ import annotations
+
+import re
 
 from .recogniser import Recogniser
 from .recognisers.cuda_oom import CudaOutOfMemory
@@ -57,3 +60,54 @@ KEYWORDS: tuple[str, ...] = tuple(k for r in RECOGNISERS for k in r.keywords)
 HELP = ", ".join(r.help for r in RECOGNISERS)
 #: The recogniser that makes each kind.
 BY_KIND: dict[str, Recogniser] = {k: r for r in RECOGNISERS for k in r.kinds}
+
+
+# ---- the keyword filter ----------------------------------------------------------------------------------------
+#
+# The C++ reader skips through the log by its shortest keyword (Wu-Manber), so every keyword it searches is
+# FRAGMENT_BYTES long: the first and the last FRAGMENT_BYTES bytes of each recogniser keyword. A keyword a paste
+# broke across two lines keeps one of them whole on one line when it is at least twice as long (a keyword
+# between FRAGMENT_BYTES and twice that is found when FRAGMENT_BYTES of it stay on one line; the neighbours'
+# test below finds the rest). A web page's or a JSON log's escapes change the quotes in a keyword: the filter
+# searches the longest run of it no escape touches, or, where that run is too short, each escaped form.
+FRAGMENT_BYTES = 11
+_ESCAPED = re.compile(r"[\"'<>&\\]")
+# The escaped forms of those characters, in the order html.escape, a numeric reference, and JSON (Docker's, Go's
+# encoder) write them.
+_ESCAPES = {'"': ("&quot;", "&#34;", '\\"'), "'": ("&#x27;", "&#39;", "'"), "<": ("&lt;", "&#60;", "\\u003c"),
+            ">": ("&gt;", "&#62;", "\\u003e"), "&": ("&amp;", "&#38;", "\\u0026"), "\\": ("\\", "\\", "\\\\")}
+
+
+def _searchable(keyword: str) -> list[str]:
+    """What the filter searches for ``keyword``: its longest run no escape changes, or every escaped form."""
+    run = max(_ESCAPED.split(keyword), key=len)
+    if run == keyword or len(run) >= FRAGMENT_BYTES:
+        return [run]
+    return list(dict.fromkeys([keyword] + ["".join(_ESCAPES[c][i] if c in _ESCAPES else c for c in keyword)
+                                           for i in range(3)]))
+
+
+def _fragments(text: str) -> list[str]:
+    if len(text) <= FRAGMENT_BYTES:
+        return [text]
+    return list(dict.fromkeys([text[:FRAGMENT_BYTES], text[-FRAGMENT_BYTES:]]))
+
+
+def _halves(text: str) -> list[str]:
+    """A head and a tail of ``text`` such that any break inside it leaves one of them whole on one side."""
+    head = (len(text) + 2) // 2
+    return list(dict.fromkeys([text[:head], text[head - 1:]]))
+
+
+#: What the C++ reader searches (bytes), and the bit each sets: the index in READING_ORDER of the recogniser it
+#: belongs to, so that a line is offered only to the recognisers whose keywords (or a piece of one) it holds.
+FILTER_KEYWORDS: tuple[bytes, ...]
+FILTER_GROUPS: tuple[int, ...]
+_filter = {(f.encode(), i): None for i, r in enumerate(READING_ORDER) for k in r.keywords for s in _searchable(k)
+           for f in _fragments(s)}
+FILTER_KEYWORDS = tuple(f for f, _ in _filter)
+FILTER_GROUPS = tuple(g for _, g in _filter)
+#: The neighbours of a hit (the lines handed out with it) are searched, once normalised, for the halves of every
+#: keyword: a short keyword broken across two lines is found there, without the reader skipping any slower.
+NEIGHBOUR_FRAGMENTS: tuple[tuple[str, int], ...] = tuple(dict.fromkeys(
+    (h, i) for i, r in enumerate(READING_ORDER) for k in r.keywords for h in _halves(k)))

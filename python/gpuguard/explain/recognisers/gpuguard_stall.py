@@ -7,7 +7,7 @@ import re
 from typing import Any, Optional
 
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # The shape gpuguard.watch() writes (one line of JSON; any other fields are ignored, any missing one is left out):
 #   {"gpuguard_stall": {"kind": "rank_behind" | "no_progress" | "desync" | "rank_gone", "group": "dp", "seq": 5653,
@@ -40,6 +40,10 @@ def _fields(body: str, start: int) -> dict[str, Any]:
     return found
 
 
+def _rank_list(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in re.split(r"[, ]+", text) if r)
+
+
 def _ranks(value: Any) -> list[int]:
     return [r for r in value if isinstance(r, int) and not isinstance(r, bool)][:MAX_RANKS] \
         if isinstance(value, list) else []
@@ -56,6 +60,13 @@ class GpuguardStall(Recogniser):
     keywords = ('"gpuguard_stall"',)
     patterns = (_STALL,)
     help = "gpuguard's own stall reports (gpuguard.watch)"
+    examples = (
+        # the JSON line gpuguard.watch() prints on each rank (watchdog/watcher.py), under torch's rank prefix
+        Example('[rank0]: {"gpuguard_stall": {"kind": "rank_behind", "group": "dp", "seq": 5653, "op": "ALL_REDUCE", '
+                '"stuck_ranks": [5], "waiting_ranks": [0, 1, 2, 3, 4, 6, 7], "waited_s": 74, "stack": "File '
+                '\\"train.py\\", line 88, in step"}}\n',
+                KIND, (5,), ("ALL_REDUCE #5653 on group 'dp'", "ranks 0, 1, 2, 3, 4, 6, 7 waited in it for 74 s")),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         m = _STALL.search(line.body)
@@ -63,6 +74,14 @@ class GpuguardStall(Recogniser):
             return False
         stall = _fields(line.body, m.end() - 1)
         group = groups(KIND)
+        # a number a paste broke across lines counts only when every reading of the break gives it
+        for pattern, parse in ((_NUMBER_FIELD, float), (_LIST_FIELD, _rank_list)):
+            for f in pattern.finditer(line.body, m.end() - 1):
+                key = f.group("key")
+                if key in stall and line.value(f, "value", parse) is None:
+                    stall.pop(key)
+                    group.unreadable({"seq": "the collective's sequence number", "waited_s": "how long they waited",
+                                      "stuck_ranks": "the stuck ranks", "waiting_ranks": "the waiting ranks"}[key])
         stuck, waiting = _ranks(stall.get("stuck_ranks")), _ranks(stall.get("waiting_ranks"))
         group.add(line.number, line.body.strip(), ranks=stuck)
         reports: list[dict[str, Any]] = group.facts.setdefault("reports", [])

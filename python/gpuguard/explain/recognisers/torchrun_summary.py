@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg / _format_failure):
 #   [1]:
@@ -30,12 +30,42 @@ class TorchrunSummary(Recogniser):
     keywords = ("(local_rank: ", "exitcode  : ")
     patterns = (_RANK, _EXIT)
     help = "torchrun's failure summary (ranks, hosts, exit codes)"
+    examples = (
+        # ChildFailedError.format_msg, as a job printed it
+        Example("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+                "============================================================\n"
+                "train.py FAILED\n"
+                "------------------------------------------------------------\n"
+                "Failures:\n"
+                "[1]:\n"
+                "  time      : 2024-10-09_21:16:02\n"
+                "  host      : node2\n"
+                "  rank      : 7 (local_rank: 3)\n"
+                "  exitcode  : -15 (pid: 1006195)  (SIGTERM)\n"
+                "  error_file: <N/A>\n"
+                "  traceback : Signal 15 (SIGTERM) received by PID 1006195\n"
+                "------------------------------------------------------------\n"
+                "Root Cause (first observed failure):\n"
+                "[0]:\n"
+                "  time      : 2024-10-09_21:16:02\n"
+                "  host      : node2\n"
+                "  rank      : 5 (local_rank: 1)\n"
+                "  exitcode  : 1 (pid: 1006193)\n"
+                "  error_file: <N/A>\n"
+                "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+                "============================================================\n",
+                KIND, (5, 7), ("rank 7 only stopped by torchrun", "node2: local ranks 1-3")),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         m = _RANK.search(line.body)
         if m:
             group = groups(KIND)
-            rank, local = int(m.group("rank")), int(m.group("local"))
+            rank, local = line.integer(m, "rank"), line.integer(m, "local")
+            if rank is None or local is None:
+                group.unreadable("a failed rank")
+                group.add(line.number, line.body.strip())
+                return True
             host = None
             for _, text in list(line.context)[-3:]:
                 h = _HOST.search(text.split("]:", 1)[-1] if text.startswith("[") else text)
@@ -55,7 +85,7 @@ class TorchrunSummary(Recogniser):
                 return False
             failure = groups(KIND).facts.get("failures", {}).get(int(rank_line.group("rank")))
             if failure is not None:
-                failure["exit"] = int(m.group("code"))
+                failure["exit"] = line.integer(m, "code")
                 failure["signal"] = m.group("sig")
             return True
         return False

@@ -1,0 +1,103 @@
+"""The one normaliser in front of every recogniser: a pasted log line taken back to the message its program printed.
+
+A line reaches a recogniser as the program printed it, whatever carried it: the rules of ``paste_rules.py``
+apply from the outside in,
+
+  1. rewrites of the whole line: ANSI codes, colour codes that lost their ESC, HTML entities;
+  2. the place it was copied from: quote markers (nested), code fences, line numbers (a viewer's, `cat -n`,
+     `nl`), in any order;
+  3. the log store: a Docker JSON record, the CRI prefix (its P tag marks a line the runtime split), `kubectl
+     logs --timestamps`, syslog;
+  4. then, in ``lines.read_prefixes``, launcher prefixes and log headers (ISO 8601 with level and logger, glog,
+     Python logging) in whatever order they stack.
+
+What it removes at steps 2 and 3 is kept as facts the wrapping reader needs (``wrapping.py``): the width of the
+line as a terminal showed it (after step 2), its indentation, whether the store marked it partial and which
+stream it belongs to, whether a log header opened it. Only the lines the keyword filter passed and their
+neighbours are normalised, each once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .lines import Origin, read_prefixes
+from .paste_rules import (
+    TRANSPORT_RULES,
+    ansi_codes,
+    bare_colour_codes,
+    code_fence,
+    html_entities,
+    line_numbers,
+    quote_markers,
+)
+
+# Outer layers stack a few deep ("> 12 | > text" at most in practice); the loop is bounded whatever the line holds.
+MAX_LAYERS = 8
+
+
+@dataclass
+class NormalLine:
+    """One input line, normalised."""
+
+    printed: str            # the program's line: paste, viewer and store removed (launcher prefixes and headers kept)
+    body: str               # what recognisers read: ``printed`` without launcher prefixes and log headers
+    origin: Origin          # who printed it (launcher prefixes, NCCL's WARN prefix)
+    width: int = 0          # columns of the line as a terminal showed it (store prefix included, paste removed)
+    indent: int = 0         # leading blanks of that line
+    trailing_blank: bool = False  # it ended in a blank as pasted (a wrap at a space kept the space)
+    fence: bool = False     # a code fence: no text of the log
+    partial: bool = False   # the store split a long line: the next record of the same stream continues it exactly
+    stream: str = ""        # the store's stream (stdout / stderr; a syslog tag), "" without a store prefix
+    store: str = ""         # which store prefix it had ("cri", "docker", "kubectl", "syslog"), "" if none
+    header: bool = False    # a log header opened it: a record of its own
+    rules: tuple[str, ...] = field(default_factory=tuple)  # the rules that applied, outermost first
+
+    @property
+    def blank(self) -> bool:
+        return self.fence or not self.body.strip()
+
+
+def normalise(raw: str) -> NormalLine:
+    """``raw`` (one input line, decoded) taken back to what its program printed, with the facts of each layer."""
+    rules: list[str] = []
+    text = raw.rstrip("\r\n")
+    for name, rewrite in (("ansi_codes", ansi_codes), ("bare_colour_codes", bare_colour_codes),
+                          ("html_entities", html_entities)):
+        new = rewrite(text)
+        if new != text:
+            rules.append(name)
+            text = new
+    pos = 0
+    for _ in range(MAX_LAYERS):
+        if code_fence(text, pos):
+            rules.append("code_fence")
+            return NormalLine("", "", Origin(), fence=True, rules=tuple(rules))
+        end = quote_markers(text, pos)
+        if end is not None and end > pos:
+            rules.append("quote_markers")
+            pos = end
+            continue
+        end = line_numbers(text, pos)
+        if end is not None and end > pos:
+            rules.append("line_numbers")
+            pos = end
+            continue
+        break
+    shown = text[pos:]
+    width = len(shown.rstrip())
+    indent = len(shown) - len(shown.lstrip(" \t"))
+    trailing_blank = shown[-1:] in (" ", "\t")
+    partial, stream, store = False, "", ""
+    for name, rule in TRANSPORT_RULES:
+        found = rule(shown, 0)
+        if found is not None:
+            rules.append(name)
+            store, stream, partial = found.kind, found.stream, found.partial
+            shown = found.replaced if found.replaced is not None else shown[found.end:]
+            break
+    body, origin, header = read_prefixes(shown)
+    if header:
+        rules.append("log_header")
+    return NormalLine(shown, body, origin, width=width, indent=indent, trailing_blank=trailing_blank,
+                      partial=partial, stream=stream, store=store, header=header, rules=tuple(rules))
