@@ -123,16 +123,54 @@ std::uint64_t KeywordSearch::present(std::string_view text) const {
   return found;
 }
 
-LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits, std::vector<std::uint8_t> groups)
-    : search_(std::move(keywords), std::move(groups)), limits_(limits) {
+LineEndTest::LineEndTest(std::vector<std::string> heads, std::vector<std::uint8_t> groups)
+    : heads_(std::move(heads)), groups_(std::move(groups)), last_pairs_(1u << 10, 0) {
+  if (groups_.size() != heads_.size()) throw std::invalid_argument("log scanner: one group per line-end head is needed");
+  if (heads_.size() > KeywordSearch::kMaxKeywords)
+    throw std::invalid_argument("log scanner: more than " + std::to_string(KeywordSearch::kMaxKeywords) + " heads");
+  for (std::size_t i = 0; i < heads_.size(); ++i) {
+    const std::string& h = heads_[i];
+    if (h.size() < kMinHeadBytes || h.find_first_of("\r\n") != std::string::npos || h.back() == ' ' ||
+        h.back() == '\t')
+      throw std::invalid_argument("log scanner: line-end head '" + h + "' is shorter than " +
+                                  std::to_string(kMinHeadBytes) + " bytes, ends in a blank or holds a line end");
+    if (groups_[i] >= KeywordSearch::kMaxGroups)
+      throw std::invalid_argument("log scanner: a group must be below " + std::to_string(KeywordSearch::kMaxGroups));
+    const unsigned pair = pair_at(h.data() + h.size() - 2);
+    last_pairs_[pair >> 6] |= 1ULL << (pair & 63);
+    by_pair_.emplace_back(static_cast<std::uint16_t>(pair), static_cast<std::uint16_t>(i));
+  }
+  std::sort(by_pair_.begin(), by_pair_.end());
+}
+
+std::uint64_t LineEndTest::at_end(const char* begin, const char* end) const {
+  if (heads_.empty()) return 0;
+  for (int blanks = 0; end > begin && blanks < 16 && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r');
+       ++blanks)
+    --end;
+  if (end - begin < static_cast<std::ptrdiff_t>(kMinHeadBytes)) return 0;
+  const unsigned pair = pair_at(end - 2);
+  if (!(last_pairs_[pair >> 6] >> (pair & 63) & 1)) return 0;
+  std::uint64_t found = 0;
+  auto it = std::lower_bound(by_pair_.begin(), by_pair_.end(), std::make_pair(static_cast<std::uint16_t>(pair),
+                                                                              std::uint16_t{0}));
+  for (; it != by_pair_.end() && it->first == pair; ++it) {
+    const std::string& h = heads_[it->second];
+    if (static_cast<std::size_t>(end - begin) >= h.size() && std::memcmp(end - h.size(), h.data(), h.size()) == 0)
+      found |= 1ULL << groups_[it->second];
+  }
+  return found;
+}
+
+LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits, std::vector<std::uint8_t> groups,
+                       LineEndTest line_ends)
+    : search_(std::move(keywords), std::move(groups)), line_ends_(std::move(line_ends)), limits_(limits) {
   if (limits_.max_line_bytes == 0 || limits_.context_line_bytes == 0)
     throw std::invalid_argument("log scanner: line limits must be positive");
   for (const auto& k : search_.keywords())
     if (k.find_first_of("\r\n") != std::string::npos)
       throw std::invalid_argument("log scanner: a keyword cannot hold a line end");
 }
-
-namespace {
 
 // Line ends inside one region of bytes [0, size) that ends right after a line end: '\n', "\r\n" or a lone '\r'.
 class Region {
@@ -172,6 +210,67 @@ class Region {
         if (d_[i] == '\r' && !(i + 1 < size_ && d_[i + 1] == '\n')) ++count;
     return count;
   }
+  // The first line among those ending in [from, to) (from: a line start) whose end `test` takes, no longer than
+  // `longest`: the index of its line end, its groups in *groups and the lines ending before it in *before; `to`
+  // when there is none (*before then counts them all).
+  std::size_t first_line_end_hit(std::size_t from, std::size_t to, const LineEndTest& test, std::size_t longest,
+                                 std::uint64_t* before, std::uint64_t* groups) {
+    std::uint64_t count = 0;
+    std::size_t line_start = from;
+    if (!has_cr_) {  // every line ends at a '\n': find them eight bytes at a time, as lines_ending counts them
+      constexpr std::uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
+      constexpr std::uint64_t kNewlines = 0x0101010101010101ULL * static_cast<unsigned char>('\n');
+      std::size_t i = from;
+      auto take = [&](std::size_t at) {
+        if (at - line_start <= longest) {
+          if (std::uint64_t g = test.at_end(d_ + line_start, d_ + at)) {
+            *groups = g;
+            return true;
+          }
+        }
+        ++count;
+        line_start = at + 1;
+        return false;
+      };
+      for (; i + 8 <= to; i += 8) {
+        std::uint64_t word;
+        std::memcpy(&word, d_ + i, 8);
+        const std::uint64_t x = word ^ kNewlines;
+        std::uint64_t zero = ~(((x & kLow7) + kLow7) | x | kLow7);  // high bit set at each '\n'
+        while (zero != 0) {
+          const std::size_t at = i + (static_cast<std::size_t>(__builtin_ctzll(zero)) >> 3);
+          zero &= zero - 1;
+          if (take(at)) {
+            *before = count;
+            return at;
+          }
+        }
+      }
+      for (; i < to; ++i) {
+        if (d_[i] == '\n' && take(i)) {
+          *before = count;
+          return i;
+        }
+      }
+      *before = count;
+      return to;
+    }
+    while (line_start < to) {
+      const std::size_t end = end_of_line(line_start);
+      if (end >= to) break;
+      if (end - line_start <= longest) {
+        if (std::uint64_t g = test.at_end(d_ + line_start, d_ + end)) {
+          *groups = g;
+          *before = count;
+          return end;
+        }
+      }
+      ++count;
+      line_start = after(end);
+    }
+    *before = count;
+    return to;
+  }
   // The line that ends just before `next_start` (a line start > floor): its [start, end).
   std::pair<std::size_t, std::size_t> line_before(std::size_t floor, std::size_t next_start) const {
     std::size_t end = next_start - 1;
@@ -187,16 +286,19 @@ class Region {
   bool known_ = false;
 };
 
-}  // namespace
 
 void LogScanner::emit(std::uint64_t number, bool hit, std::string_view text) {
   out_.push_back(ScannedLine{number, hit, std::string(text), 0});
   emitted_through_ = number;
 }
 
-void LogScanner::emit_hit(std::uint64_t number, std::string_view text) {
-  out_.push_back(ScannedLine{number, true, std::string(text), search_.present(text)});
+void LogScanner::emit_hit(std::uint64_t number, std::string_view text, std::uint64_t groups) {
+  out_.push_back(ScannedLine{number, true, std::string(text), search_.present(text) | groups});
   emitted_through_ = number;
+}
+
+std::uint64_t LogScanner::ends_with_head(std::string_view text, bool whole) const {
+  return whole ? line_ends_.at_end(text.data(), text.data() + text.size()) : 0;
 }
 
 void LogScanner::remember(std::uint64_t number, std::string_view text) {
@@ -227,17 +329,36 @@ void LogScanner::context_before(std::uint64_t number, std::vector<std::pair<std:
 
 void LogScanner::line(std::string_view text) {
   const std::uint64_t number = ++lines_;
-  const bool hit = search_.find(text) != std::string_view::npos;
+  // a line as long as the cut may have been cut: its end is not the line's
+  const std::uint64_t head_groups = ends_with_head(text, text.size() < limits_.max_line_bytes);
+  const bool hit = head_groups != 0 || search_.find(text) != std::string_view::npos;
   if (hit) {
     ++hits_;
     context_before(number, {});
-    emit_hit(number, text);
+    emit_hit(number, text, head_groups);
     after_left_ = limits_.lines_after;
   } else if (after_left_ > 0) {
     emit(number, false, text);
     --after_left_;
   }
   remember(number, text);
+}
+
+void LogScanner::hit_in_region(Region& r, const char* d, std::uint64_t number, std::size_t start, std::size_t end,
+                               std::uint64_t groups) {
+  const std::size_t cut = limits_.max_line_bytes;
+  std::vector<std::pair<std::uint64_t, std::string_view>> before;
+  std::size_t next_start = start;
+  for (std::uint64_t k = 1; k <= limits_.context_lines && next_start > 0 && number - k > emitted_through_; ++k) {
+    auto [s, e] = r.line_before(0, next_start);
+    before.emplace_back(number - k, std::string_view(d + s, std::min({e - s, cut, limits_.context_line_bytes})));
+    next_start = s;
+  }
+  lines_ = number;
+  ++hits_;
+  context_before(number, std::move(before));
+  emit_hit(number, std::string_view(d + start, std::min(end - start, cut)), groups);
+  after_left_ = limits_.lines_after;
 }
 
 void LogScanner::region(const char* d, std::size_t size) {
@@ -252,12 +373,27 @@ void LogScanner::region(const char* d, std::size_t size) {
       continue;
     }
     std::size_t found = search_.find(std::string_view(d + pos, size - pos));
+    const std::size_t keyword_line = found == std::string_view::npos ? size : r.start_of_line(pos, found + pos);
+    if (!line_ends_.empty()) {  // a line before it that ends with a keyword's head is a hit first
+      std::uint64_t before = 0, groups = 0;
+      const std::size_t end = r.first_line_end_hit(pos, keyword_line, line_ends_, cut, &before, &groups);
+      if (end < keyword_line) {
+        const std::size_t start = r.start_of_line(pos, end);
+        hit_in_region(r, d, lines_ + before + 1, start, end, groups);
+        pos = r.after(end);
+        continue;
+      }
+      if (found == std::string_view::npos) {
+        lines_ += before;
+        break;
+      }
+    }
     if (found == std::string_view::npos) {
       lines_ += r.lines_ending(pos, size);
       break;
     }
     found += pos;
-    const std::size_t start = r.start_of_line(pos, found);
+    const std::size_t start = keyword_line;
     const std::size_t end = r.end_of_line(found);
     const std::uint64_t number = lines_ + r.lines_ending(pos, start) + 1;
     const std::string_view text(d + start, std::min(end - start, cut));
@@ -267,18 +403,7 @@ void LogScanner::region(const char* d, std::size_t size) {
       pos = r.after(end);
       continue;
     }
-    std::vector<std::pair<std::uint64_t, std::string_view>> before;
-    std::size_t next_start = start;
-    for (std::uint64_t k = 1; k <= limits_.context_lines && next_start > 0 && number - k > emitted_through_; ++k) {
-      auto [s, e] = r.line_before(0, next_start);
-      before.emplace_back(number - k, std::string_view(d + s, std::min({e - s, cut, limits_.context_line_bytes})));
-      next_start = s;
-    }
-    lines_ = number;
-    ++hits_;
-    context_before(number, std::move(before));
-    emit_hit(number, text);
-    after_left_ = limits_.lines_after;
+    hit_in_region(r, d, number, start, end, ends_with_head(text, end - start <= cut));
     pos = r.after(end);
   }
   // The region's last lines are the context of a hit early in the next one.

@@ -10,6 +10,10 @@
 //   - the up to context_lines lines before each hit (the traceback that led to it),
 // each at most once and in input order, so what it hands out never exceeds what it read. Memory is bounded by
 // the limits, whatever the size or shape of the input: no Python, no torch, only the standard library.
+//
+// A keyword a paste broke across two lines is found too: the caller searches pieces of its keywords (their first
+// and last bytes), and a line that ends with the head of a short keyword (LineEndTest; its tail starts the next
+// line) counts as a hit. The line ends are found with the same eight-bytes-at-a-time test that counts them.
 #pragma once
 
 #include <cstddef>
@@ -68,10 +72,32 @@ class KeywordSearch {
   std::vector<std::vector<std::uint16_t>> ends_;    // the keywords to verify where a window ends in that pair
 };
 
+// The heads of keywords at the end of a line (blanks and '\r' after them aside): a line ending with one holds the
+// start of a keyword a break cut, whose rest begins the next line.
+class LineEndTest {
+ public:
+  static constexpr std::size_t kMinHeadBytes = 3;   // shorter heads end too many ordinary lines
+  LineEndTest() = default;
+  // Throws std::invalid_argument for a head shorter than kMinHeadBytes or holding a line end, a group out of range.
+  LineEndTest(std::vector<std::string> heads, std::vector<std::uint8_t> groups);
+  bool empty() const { return heads_.empty(); }
+  // The groups of the heads the line [begin, end) ends with; 0 when none.
+  std::uint64_t at_end(const char* begin, const char* end) const;
+
+ private:
+  std::vector<std::string> heads_;
+  std::vector<std::uint8_t> groups_;
+  std::vector<std::uint64_t> last_pairs_;                          // one bit per byte pair some head ends with
+  std::vector<std::pair<std::uint16_t, std::uint16_t>> by_pair_;  // (last pair, head index), sorted
+};
+
+class Region;   // the whole lines of one read, in log_scan.cc
+
 class LogScanner {
  public:
   // Throws std::invalid_argument for a keyword that is too short, a group out of range or a zero limit.
-  LogScanner(std::vector<std::string> keywords, LogScanLimits limits = {}, std::vector<std::uint8_t> groups = {});
+  LogScanner(std::vector<std::string> keywords, LogScanLimits limits = {}, std::vector<std::uint8_t> groups = {},
+             LineEndTest line_ends = {});
 
   // Reads the next bytes of the stream; lines it completes are judged at once.
   void feed(std::string_view bytes);
@@ -92,13 +118,19 @@ class LogScanner {
 
   void line(std::string_view text);   // one complete line, already cut at max_line_bytes
   void region(const char* data, std::size_t size);   // whole lines, judged with one search across them
+  // Hands out the hit [start, end) of the region being read (line `number`), its context, and what follows.
+  void hit_in_region(Region& r, const char* data, std::uint64_t number, std::size_t start, std::size_t end,
+                     std::uint64_t groups);
   void remember(std::uint64_t number, std::string_view text);
   // Hands out the lines before hit `number` not handed out yet: `here` (newest first), then older remembered.
   void context_before(std::uint64_t number, std::vector<std::pair<std::uint64_t, std::string_view>> here);
   void emit(std::uint64_t number, bool hit, std::string_view text);
-  void emit_hit(std::uint64_t number, std::string_view text);
+  void emit_hit(std::uint64_t number, std::string_view text, std::uint64_t groups);
+  // The groups a line ends with the head of (none for a line cut at max_line_bytes: its end is not seen).
+  std::uint64_t ends_with_head(std::string_view text, bool whole) const;
 
   KeywordSearch search_;
+  LineEndTest line_ends_;
   LogScanLimits limits_;
   std::uint64_t lines_ = 0;
   std::uint64_t hits_ = 0;

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import os
 from collections import deque
-from typing import IO, Any, Iterable, Iterator, Optional, Sequence, Union, overload
+from typing import IO, Any, Callable, Iterable, Iterator, Optional, Sequence, Union, overload
 
 from .lines import MAX_LINE_CHARS, Origin
 from .model import Diagnosis, Group, ranks_text
-from .normalise import NormalLine, normalise
-from .recogniser import Host, Line, Recogniser
-from .registry import BY_KIND, FILTER_GROUPS, FILTER_KEYWORDS, HELP, KINDS, NEIGHBOUR_FRAGMENTS, READING_ORDER
-from .wrapping import END, MAX_PIECES, TERMINAL_MIN_WIDTH, Message, break_options
+from .normalise import NormalLine, joined_records, normalise
+from .recogniser import ContextText, Host, Line, Recogniser
+from .registry import (BY_KIND, FILTER_GROUPS, FILTER_KEYWORDS, HELP, KINDS, LINE_END_GROUPS, LINE_END_HEADS,
+                       NEIGHBOUR_FRAGMENTS, READING_ORDER)
+from .wrapping import END, MAX_PIECES, SPACE, TERMINAL_MIN_WIDTH, Message, break_options, record_start
 
 # Lines kept for context (the traceback lines that precede an error), all sources together, each cut here.
 CONTEXT_LINES = 64
@@ -23,6 +25,8 @@ CONTEXT_CHARS = 1024
 LINES_AFTER = MAX_PIECES - 1
 # How much of a stream is read at a time.
 READ_BYTES = 1 << 20
+# Records of other streams a container runtime may put between the pieces of a line it split.
+MAX_INTERLEAVED = 4
 # A keyword a break cut leaves its halves at the end of one line and the start of the next: only these many
 # characters at each end of a line are searched for them.
 EDGE_CHARS = 64
@@ -31,23 +35,37 @@ _NO_ORIGIN = (None, None, None, None)
 
 
 class _Entry:
-    """One line handed out by the reader, normalised once."""
+    """One line handed out by the reader, normalised once (a line a container runtime split: all its records)."""
 
-    __slots__ = ("number", "line", "mask", "hit", "taken", "_complete")
+    __slots__ = ("number", "last", "line", "mask", "hit", "taken", "_complete")
 
     def __init__(self, number: int, line: NormalLine, mask: int, hit: bool) -> None:
         self.number = number
+        self.last = number        # the input line its last record was on
         self.line = line
         self.mask = mask          # bit i: READING_ORDER[i] holds a keyword (or a piece of one) here
         self.hit = hit
         self.taken = False        # a recogniser read it (alone or as a piece of a message)
         self._complete: Optional[bool] = None
 
+    def extend(self, record: NormalLine, number: int, mask: int, hit: bool) -> None:
+        """The next record of a line the store split (CRI "P", a Docker record without its newline): joined
+        exactly, the prefixes read again over the whole line."""
+        self.line = joined_records(self.line, record)
+        self.last = number
+        self.mask |= mask | _edge_mask(self.line.body)
+        self.hit = self.hit or hit or self.mask != 0
+        self._complete = None
+
     def complete(self) -> bool:
         """Whether this line alone holds a match of a recogniser it may hold: a message of its own."""
         if self._complete is None:
             self._complete = self.hit and _span(self.line.body, _recognisers(self.mask)) is not None
         return self._complete
+
+
+def _never() -> bool:
+    return False
 
 
 def _edge_mask(body: str) -> int:
@@ -67,13 +85,18 @@ def _recognisers(mask: int) -> list[Recogniser]:
 
 class _Context(Sequence[tuple[int, str]]):
     """The lines before a message, as their programs printed them (launcher prefixes kept), oldest first: a view
-    of the explainer's window, built only when a recogniser looks."""
+    of the explainer's window, built only when a recogniser looks. Each text is a ContextText: it says whether the
+    next line may go on from its last character (a value read up to its end may be cut there)."""
 
-    def __init__(self, entries: Sequence[_Entry]) -> None:
+    def __init__(self, entries: Sequence[_Entry], text_of: Callable[[int], "ContextText"]) -> None:
         self._entries = entries
+        self._text_of = text_of
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def _item(self, i: int) -> tuple[int, str]:
+        return self._entries[i].number, self._text_of(i)
 
     @overload
     def __getitem__(self, i: int) -> tuple[int, str]: ...
@@ -82,15 +105,14 @@ class _Context(Sequence[tuple[int, str]]):
 
     def __getitem__(self, i: Union[int, slice]) -> Union[tuple[int, str], list[tuple[int, str]]]:
         if isinstance(i, slice):
-            return [(e.number, e.line.printed[:CONTEXT_CHARS]) for e in self._entries[i]]
-        e = self._entries[i]
-        return e.number, e.line.printed[:CONTEXT_CHARS]
+            return [self._item(j) for j in range(len(self._entries))[i]]
+        return self._item(i if i >= 0 else len(self._entries) + i)
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
-        return ((e.number, e.line.printed[:CONTEXT_CHARS]) for e in self._entries)
+        return (self._item(j) for j in range(len(self._entries)))
 
     def __reversed__(self) -> Iterator[tuple[int, str]]:
-        return ((e.number, e.line.printed[:CONTEXT_CHARS]) for e in reversed(self._entries))
+        return (self._item(j) for j in reversed(range(len(self._entries))))
 
 
 class LogExplainer:
@@ -108,10 +130,11 @@ class LogExplainer:
 
         self._host = Host(match_local, local_devices, local_host, log_is_local)
         self._scanner = Scanner(FILTER_KEYWORDS, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS, FILTER_GROUPS,
-                                LINES_AFTER)
+                                LINES_AFTER, LINE_END_HEADS, LINE_END_GROUPS)
         # the lines handed over lately: the context of the oldest hit still waiting, and the lines after it
         self._window: deque[_Entry] = deque(maxlen=CONTEXT_LINES + LINES_AFTER + 1)
         self._pending: deque[_Entry] = deque()  # hits waiting for the lines after them
+        self._last_number = 0  # the last line handed over
         self._groups: dict[str, Group] = {}
         self._finished = False
 
@@ -158,18 +181,35 @@ class LogExplainer:
 
     def _take(self, handed: Iterable[tuple[int, bool, bytes, int]]) -> None:
         for number, hit, raw, mask in handed:
-            if self._window and self._window[-1].number + 1 != number:
+            if number != self._last_number + 1:
                 self._read_pending(every=True)  # a gap: every line after the waiting hits is known
+            self._last_number = number
             line = normalise(raw.decode("utf-8", "replace"))
             # a piece of a keyword a break cut: its half at the line's start or end (the reader's bytes say
             # which recognisers a hit holds whole keywords of)
             mask |= _edge_mask(line.body) if not line.blank else 0
+            open_part = self._open_partial(line, number)
+            if open_part is not None:  # the store split this line: the record goes on here, exactly
+                open_part.extend(line, number, mask, hit)
+                if open_part.hit and open_part not in self._pending:
+                    self._pending.append(open_part)
+                continue
             entry = _Entry(number, line, mask, hit or mask != 0)
             self._window.append(entry)
             if entry.hit:
                 self._pending.append(entry)
-            while self._pending and number - self._pending[0].number >= LINES_AFTER:
+            while self._pending and number - self._pending[0].last >= LINES_AFTER:
                 self._read(self._pending.popleft())
+
+    def _open_partial(self, line: NormalLine, number: int) -> Optional[_Entry]:
+        """The line a container runtime split that ``line`` continues: the last line of the same stream among the
+        last few, if it is partial (CRI interleaves stdout and stderr records)."""
+        if not line.store:
+            return None
+        for entry in itertools.islice(reversed(self._window), MAX_INTERLEAVED):
+            if (entry.line.store, entry.line.stream) == (line.store, line.stream):
+                return entry if entry.line.partial else None
+        return None
 
     def _read_pending(self, every: bool) -> None:
         while self._pending:
@@ -191,25 +231,35 @@ class LogExplainer:
             at -= 1
         if at < 0:
             return  # cannot happen: a hit is read before it leaves the window
-        lo = at - 1 if at > 0 and window[at - 1].number == entry.number - 1 and not window[at - 1].taken else at
+        lo = at  # the lines above that may hold the head of a message the hit goes on
+        while lo > 0 and at - lo < LINES_AFTER and window[lo - 1].last == window[lo].number - 1 and \
+                not window[lo - 1].taken:
+            lo -= 1
         hi = at
-        while hi + 1 < len(window) and window[hi + 1].number == window[hi].number + 1 and hi - at < LINES_AFTER:
+        while hi + 1 < len(window) and window[hi + 1].number == window[hi].last + 1 and hi - at < LINES_AFTER:
             hi += 1
         pieces = [window[i] for i in range(lo, hi + 1)]
         mask = 0
         for p in pieces:
             mask |= p.mask
         candidates = _recognisers(mask)
-        options = [break_options(a.line, b.line, self._terminal_width(lo + i), b.complete)
+        # a line below that holds a message of its own is not the rest of this one; the hit itself may be the rest
+        # of the line above whether it matches alone or not
+        options = [break_options(a.line, b.line, self._terminal_width(lo + i),
+                                 b.complete if lo + i + 1 > at else _never)
                    for i, (a, b) in enumerate(zip(pieces, pieces[1:]))]
         message = Message([p.line for p in pieces], options, at - lo)
-        span = message.join(lambda text: _span(text, candidates), backward=lo < at)
+        span = message.join(lambda text: _span(text, candidates))
         if span is None:
             return
         first = pieces[message.first]
-        origin = first.line.origin if first.line.origin.key() != _NO_ORIGIN else entry.line.origin
-        context = _Context([window[i] for i in range(max(0, lo + message.first - CONTEXT_LINES),
-                                                     lo + message.first)])
+        origin = message.origin if message.origin.key() != _NO_ORIGIN else entry.line.origin
+        unsure = message.origin_unreadable()
+        if unsure:  # a prefix a break cut, read two ways: who printed the message is unreadable
+            origin = dataclasses.replace(origin, **{f: None for f in unsure})
+        base = max(0, lo + message.first - CONTEXT_LINES)
+        context = _Context([window[i] for i in range(base, lo + message.first)],
+                           lambda i: self._context_text(base + i))
         line = Line(first.number, message.body, origin, context, message)
         # each recogniser's matches contain one of its keywords (whole, or broken across the pieces joined), so
         # skipping the others loses nothing
@@ -217,7 +267,34 @@ class LogExplainer:
             if recogniser.read(line, self._group):
                 for i in message.covers(span):
                     pieces[i].taken = True
+                if unsure:
+                    for kind in recogniser.kinds:
+                        if kind in self._groups:
+                            self._groups[kind].unreadable("who printed it (its prefix is broken across lines)")
                 return
+
+    def _context_text(self, index: int) -> ContextText:
+        """The line at ``index`` of the window as its program printed it, with the lines that certainly go on from
+        it joined (a terminal as wide as the paste shows, a line of nothing but prefixes), cut at CONTEXT_CHARS;
+        where the next line may go on from it but need not, its readings hold each way."""
+        window = self._window
+        text = window[index].line.printed
+        i = index
+        while i + 1 < len(window) and window[i + 1].number == window[i].last + 1 and i - index < MAX_PIECES - 1 \
+                and len(text) < CONTEXT_CHARS:
+            options = break_options(window[i].line, window[i + 1].line, self._terminal_width(i), _never)
+            if options == (END,):
+                break
+            nxt = window[i + 1].line
+            piece = nxt.body if nxt.origin.key() != _NO_ORIGIN or nxt.header else nxt.printed
+            joined = [text.rstrip() + " " + piece.lstrip() if sep == SPACE else text + piece
+                      for sep in options if sep is not END]
+            if len(options) > 1:
+                readings = tuple(r[:CONTEXT_CHARS] for r in ([text] if END in options else []) + joined)
+                return ContextText(text[:CONTEXT_CHARS], readings)
+            text = joined[0]
+            i += 1
+        return ContextText(text[:CONTEXT_CHARS])
 
     def _terminal_width(self, index: int):  # type: ignore[no-untyped-def]
         """Whether the paste shows a terminal as wide as the line at ``index`` of the window: another line of the
@@ -231,9 +308,9 @@ class LogExplainer:
                 if i == index:
                     continue
                 a, b = window[i], window[i + 1]
-                if a.line.width == width and b.number == a.number + 1 and not b.line.blank and \
+                if a.line.width == width and b.number == a.last + 1 and not b.line.blank and \
                         b.line.indent == 0 and not b.line.store and not b.line.header and \
-                        b.line.origin.key() == _NO_ORIGIN and not a.line.trailing_blank:
+                        b.line.origin.key() == _NO_ORIGIN and not record_start(b.line.body):
                     return True
             return False
 

@@ -46,6 +46,10 @@ class Origin:
     def key(self) -> tuple[Any, ...]:
         return (self.rank, self.local_rank, self.pid, self.host)
 
+    def launcher_key(self) -> tuple[Any, ...]:
+        """What the launcher's prefix says (not NCCL's WARN prefix, which only a message's first line has)."""
+        return (self.rank, self.local_rank, self.pid if self.ray else None, self.host if self.ray else None)
+
     def describe(self) -> str:
         parts = []
         if self.rank is not None:
@@ -70,6 +74,13 @@ def read_prefixes(line: str) -> tuple[str, Origin, bool]:
     05:00:00 ...] " as much as "2026-01-05 10:00:00 INFO [rank1]: "), who printed it, and whether a log header
     opened it (the line is then a record of its own, never the rest of the line before)."""
     text = ansi_codes(line).rstrip("\r\n")
+    start, origin, header, _ = prefix_end(text)
+    return text[start:], origin, header
+
+
+def prefix_end(text: str) -> tuple[int, Origin, bool, int]:
+    """Where the text after the launcher prefixes and log headers starts in ``text`` (no ANSI codes), who printed
+    it, whether a log header was among them, and where NCCL's WARN prefix ends in ``text`` (0 without one)."""
     origin = Origin()
     header = False
     pos = 0
@@ -100,13 +111,14 @@ def read_prefixes(line: str) -> tuple[str, Origin, bool]:
             pos = end
             continue
         break
-    body = text[pos:]
-    m = _NCCL_WARN_PREFIX.search(body, 0, _NCCL_WARN_HEAD)
+    nccl_end = 0
+    m = _NCCL_WARN_PREFIX.search(text[pos:pos + _NCCL_WARN_HEAD])  # the body's start is a start for its lookbehind
     if m:
         origin.host = m.group("host")
         origin.pid = int(m.group("pid"))
         origin.nccl_device = int(m.group("dev"))
-    return body, origin, header
+        nccl_end = pos + m.end()
+    return pos, origin, header, nccl_end
 
 
 def iter_lines(stream: Union[IO[str], IO[bytes]]) -> Iterator[str]:

@@ -55,7 +55,8 @@ class NormalLine:
 
     @property
     def blank(self) -> bool:
-        return self.fence or not self.body.strip()
+        """No text at all (a line of nothing but prefixes is not blank: its message may be on the next line)."""
+        return self.fence or not self.printed.strip()
 
 
 def normalise(raw: str) -> NormalLine:
@@ -85,7 +86,7 @@ def normalise(raw: str) -> NormalLine:
             continue
         break
     shown = text[pos:]
-    width = len(shown.rstrip())
+    width = len(shown)  # blanks at the end count: a terminal breaks at its width, on a space or not
     indent = len(shown) - len(shown.lstrip(" \t"))
     trailing_blank = shown[-1:] in (" ", "\t")
     partial, stream, store = False, "", ""
@@ -101,3 +102,13 @@ def normalise(raw: str) -> NormalLine:
         rules.append("log_header")
     return NormalLine(shown, body, origin, width=width, indent=indent, trailing_blank=trailing_blank,
                       partial=partial, stream=stream, store=store, header=header, rules=tuple(rules))
+
+
+def joined_records(line: NormalLine, record: NormalLine) -> NormalLine:
+    """A line a log store split (``line`` partial) joined with its next ``record``, exactly; the launcher
+    prefixes and log headers read again over the whole line, so that one the split cut is read whole."""
+    printed = line.printed + record.printed
+    body, origin, header = read_prefixes(printed)
+    return NormalLine(printed, body, origin, width=line.width + len(record.printed), indent=line.indent,
+                      trailing_blank=record.trailing_blank, partial=record.partial, stream=line.stream,
+                      store=line.store, header=header, rules=tuple(dict.fromkeys(line.rules + record.rules)))

@@ -56,6 +56,48 @@ class Line(NamedTuple):
         return self.value(m, group, int)
 
 
+class ContextText(str):
+    """A line before a message (Line.context), with the lines that certainly go on from it joined; ``readings``
+    are its texts under each way the next line may go on from it when that is not certain (the line itself
+    first: it may end there)."""
+
+    readings: tuple[str, ...]
+
+    def __new__(cls, text: str, readings: tuple[str, ...] = ()) -> "ContextText":
+        self = super().__new__(cls, text)
+        self.readings = readings or (text,)
+        return self
+
+
+class ContextField(NamedTuple):
+    """A field read from a context line: whether it is there at all, and its value when every reading of the
+    line gives the same (None: unreadable)."""
+
+    found: bool
+    value: Optional[str]
+
+
+def context_field(text: str, pattern: "re.Pattern[str]", group: str,
+                  prepare: Callable[[str], str] = lambda t: t) -> ContextField:
+    """``group`` of ``pattern`` in a context line, read in every reading of it (``prepare`` applied first, e.g.
+    stripping prefixes): found when some reading holds it; its value when those that do agree and none has a
+    letter or digit glued to it."""
+    values = []
+    for reading in getattr(text, "readings", (text,)):
+        t = prepare(reading)
+        m = pattern.search(t)
+        if m is None or m.group(group) is None:
+            continue
+        s, e = m.span(group)
+        whole = (s == 0 or not t[s - 1].isalnum()) and (e >= len(t) or not t[e].isalnum())
+        value = m.group(group) if whole else None
+        if value not in values:
+            values.append(value)
+    if not values:
+        return ContextField(False, None)
+    return ContextField(True, values[0] if len(values) == 1 else None)
+
+
 class Example(NamedTuple):
     """A clean text a recogniser reads, with what it must give: the kind, the ranks, and strings its summary or
     devices must hold (the decoded numbers). The corpus of pasted shapes is generated from these."""

@@ -66,10 +66,10 @@ BY_KIND: dict[str, Recogniser] = {k: r for r in RECOGNISERS for k in r.kinds}
 #
 # The C++ reader skips through the log by its shortest keyword (Wu-Manber), so every keyword it searches is
 # FRAGMENT_BYTES long: the first and the last FRAGMENT_BYTES bytes of each recogniser keyword. A keyword a paste
-# broke across two lines keeps one of them whole on one line when it is at least twice as long (a keyword
-# between FRAGMENT_BYTES and twice that is found when FRAGMENT_BYTES of it stay on one line; the neighbours'
-# test below finds the rest). A web page's or a JSON log's escapes change the quotes in a keyword: the filter
-# searches the longest run of it no escape touches, or, where that run is too short, each escaped form.
+# broke across two lines keeps one of them whole on one line when it is at least twice that long; a shorter one
+# broken where neither stays whole leaves its head at the end of a line, which the reader's line-end test finds
+# (LINE_END_HEADS). A web page's or a JSON log's escapes change the quotes in a keyword: the filter searches the
+# longest run of it no escape touches, or, where that run is too short, each escaped form.
 FRAGMENT_BYTES = 11
 _ESCAPED = re.compile(r"[\"'<>&\\]")
 # The escaped forms of those characters, in the order html.escape, a numeric reference, and JSON (Docker's, Go's
@@ -93,21 +93,31 @@ def _fragments(text: str) -> list[str]:
     return list(dict.fromkeys([text[:FRAGMENT_BYTES], text[-FRAGMENT_BYTES:]]))
 
 
+def _heads(text: str) -> list[str]:
+    """The heads a break leaves at a line's end when neither fragment of ``text`` stays whole on one side."""
+    heads = (text[:p].rstrip() for p in range(max(1, len(text) - FRAGMENT_BYTES + 1), min(FRAGMENT_BYTES, len(text))))
+    return list(dict.fromkeys(h for h in heads if len(h) >= LINE_END_MIN_HEAD))
+
+
 def _halves(text: str) -> list[str]:
     """A head and a tail of ``text`` such that any break inside it leaves one of them whole on one side."""
     head = (len(text) + 2) // 2
     return list(dict.fromkeys([text[:head], text[head - 1:]]))
 
 
+#: A head shorter than this ends too many ordinary lines (the reader refuses shorter ones).
+LINE_END_MIN_HEAD = 4
+_searched = [(s, i) for i, r in enumerate(READING_ORDER) for k in r.keywords for s in _searchable(k)]
+_filter = {(f.encode(), i): None for s, i in _searched for f in _fragments(s)}
+_line_ends = {(h.encode(), i): None for s, i in _searched for h in _heads(s)}
 #: What the C++ reader searches (bytes), and the bit each sets: the index in READING_ORDER of the recogniser it
 #: belongs to, so that a line is offered only to the recognisers whose keywords (or a piece of one) it holds.
-FILTER_KEYWORDS: tuple[bytes, ...]
-FILTER_GROUPS: tuple[int, ...]
-_filter = {(f.encode(), i): None for i, r in enumerate(READING_ORDER) for k in r.keywords for s in _searchable(k)
-           for f in _fragments(s)}
-FILTER_KEYWORDS = tuple(f for f, _ in _filter)
-FILTER_GROUPS = tuple(g for _, g in _filter)
-#: The neighbours of a hit (the lines handed out with it) are searched, once normalised, for the halves of every
-#: keyword: a short keyword broken across two lines is found there, without the reader skipping any slower.
+FILTER_KEYWORDS: tuple[bytes, ...] = tuple(f for f, _ in _filter)
+FILTER_GROUPS: tuple[int, ...] = tuple(g for _, g in _filter)
+#: The heads of short keywords the reader looks for at the end of each line, and their bits.
+LINE_END_HEADS: tuple[bytes, ...] = tuple(h for h, _ in _line_ends)
+LINE_END_GROUPS: tuple[int, ...] = tuple(g for _, g in _line_ends)
+#: The lines handed out (normalised) are searched at their start and end for the halves of every keyword: a piece
+#: of a keyword whose other piece the reader found.
 NEIGHBOUR_FRAGMENTS: tuple[tuple[str, int], ...] = tuple(dict.fromkeys(
     (h, i) for i, r in enumerate(READING_ORDER) for k in r.keywords for h in _halves(k)))

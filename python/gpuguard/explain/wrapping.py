@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
+from .lines import Origin, prefix_end
 from .normalise import NormalLine
 
 # A line shorter than this is no wrapped piece of a message (no terminal or viewer is that narrow).
@@ -46,12 +47,26 @@ SPACE = " "
 _RECORD_START = re.compile(
     r"(?:\[?\d{4}-\d\d-\d\d[ T]\d"            # ISO timestamps
     r"|\[?[IWEF]\d{4} \d\d:\d\d"               # glog / c10 logging: "I1121 05:00:00", "[E1121 05:00:00"
-    r"|[^\s:\[\]]{1,255}:\d{1,10}(?::\d{1,10})? (?:\[\d{1,4}\]|NCCL )"  # NCCL: "host:pid:tid [dev]", "host:pid NCCL DIAG"
+    r"|(?P<nccl>[^\s:\[\]]{1,255}:\d{1,10}(?::\d{1,10} \[\d{1,4}\]| NCCL DIAG))"  # NCCL: "host:pid:tid [dev]", "host:pid NCCL DIAG"
     r"|Traceback \(|File \"|During handling|The above exception"
     r"|[A-Za-z_][\w.]{0,200}(?:Error|Exception|Warning|Interrupt)\b"
     r"|\[[A-Za-z_]{0,32}\d{1,6}\]:|\(\w{0,64} ?pid=\d"  # another launcher prefix left in the body
-    r"|NCCL (?:INFO|WARN)|\{)")
+    r"|\{\s{0,8}\")")  # a JSON record
 _NO_ORIGIN = (None, None, None, None)
+_HOST_CHAR = re.compile(r"[^\s:\[\]]")
+
+
+def all_prefix(line: NormalLine) -> bool:
+    """Whether the line holds nothing but launcher prefixes and a log header (its message is on the next line)."""
+    printed = line.printed.rstrip()
+    if not printed or line.body.strip() == "":
+        return bool(printed)
+    return prefix_end(printed + " x")[0] == len(printed) + 1
+
+
+def record_start(body: str) -> bool:
+    """Whether a line's body starts a record of its own (a timestamp, an NCCL header, a traceback, ...)."""
+    return _RECORD_START.match(body) is not None
 
 
 def break_options(line: NormalLine, nxt: NormalLine, terminal_width: Callable[[int], bool],
@@ -67,38 +82,70 @@ def break_options(line: NormalLine, nxt: NormalLine, terminal_width: Callable[[i
     if line.width < MIN_WRAPPED_CHARS or nxt.header or len(nxt.body) > MAX_CONTINUATION_CHARS:
         return (END,)
     body = nxt.body.rstrip()
-    if not body or _RECORD_START.match(body):
-        return (END,)
+    if all_prefix(line):
+        return (SPACE,)  # a line of nothing but prefixes is the head of the message below it
+    start = _RECORD_START.match(body) if body else None
+    if start and _HOST_CHAR.match(line.body[-1:]) and line.width >= TERMINAL_MIN_WIDTH and \
+            terminal_width(line.width):
+        return (END, AS_IS)  # what looks like a record's start may be the rest of a word the terminal cut
+    if not body or start and not (body[0] == "{" and line.body.rstrip().endswith((":", ",", "["))):
+        return (END,)  # a record of its own (a "{" opens a JSON record unless a key or a list above awaits it)
     program_break = False  # the program printed the next line itself (its launcher / the store prefixed it again)
     if nxt.store:
         if (nxt.store, nxt.stream) != (line.store, line.stream):
             return (END,)
         program_break = True
-    if nxt.origin.key() != _NO_ORIGIN:
-        if nxt.origin.key() != line.origin.key():
+    if nxt.origin.launcher_key() != _NO_ORIGIN:
+        if nxt.origin.launcher_key() != line.origin.launcher_key():
             return (END,)  # another process's line
         program_break = True
     if len(body) >= SAME_HEAD_CHARS and body[:SAME_HEAD_CHARS] == line.body[:SAME_HEAD_CHARS]:
         return (END,)  # the same header again: the next record of the same kind
     if complete():
         return (END,)
-    if program_break or nxt.indent > line.indent or line.trailing_blank:
+    if program_break:
         return (END, SPACE)
     if line.width >= TERMINAL_MIN_WIDTH and terminal_width(line.width):
-        return (AS_IS,)
-    return (END, AS_IS, SPACE)
+        return (AS_IS,)  # a terminal as wide as this line broke it (before a space, or in a word)
+    if nxt.indent > line.indent or line.trailing_blank:
+        return (END, SPACE)
+    # either; the likelier first (a reading is preferred over another that matches as far only if it comes first)
+    return (END, AS_IS, SPACE) if line.width >= TERMINAL_MIN_WIDTH else (END, SPACE, AS_IS)
 
 
-def render(pieces: Sequence[NormalLine], first: int, last: int, seps: Sequence[Optional[str]]) -> tuple[str, list[int]]:
-    """The text of pieces[first..last] joined by seps[k] between piece k and k + 1, and where each piece starts."""
-    body = pieces[first].body
-    starts = [0]
+class Text(NamedTuple):
+    """A reading of some pieces joined: the message's text (prefixes read off the joined line, so that a prefix a
+    break cut is read whole), where each piece starts in it, who printed it, and whether the prefixes fill the
+    first piece or reach past it (the pieces are then one line for certain)."""
+
+    body: str
+    starts: list[int]
+    origin: Origin
+    prefix_spans_break: bool
+
+
+def render(pieces: Sequence[NormalLine], first: int, last: int, seps: Sequence[Optional[str]]) -> Text:
+    """pieces[first..last] joined by seps[k] between piece k and k + 1: the first from its printed line, the
+    others from their bodies; the launcher prefixes and log headers are then read off the joined line."""
+    raw = pieces[first].printed
+    raw_starts = [0]
     for k in range(first, last):
+        nxt = pieces[k + 1]
+        # a later piece joins without the prefixes the program put on it again; as is, with its leading blanks
+        # (a terminal may break a line just before a space)
+        text = nxt.body if nxt.origin.key() != _NO_ORIGIN or nxt.header else nxt.printed
         if seps[k] == SPACE:
-            body = body.rstrip() + SPACE
-        starts.append(len(body))
-        body += pieces[k + 1].body
-    return body, starts
+            raw = raw.rstrip() + SPACE
+            text = text.lstrip()
+        raw_starts.append(len(raw))
+        raw += text
+    if last == first:
+        p = pieces[first]
+        return Text(p.body, [0], p.origin, False)
+    cut, origin, _, nccl_end = prefix_end(raw)
+    # the prefixes run to the first break (the first piece is nothing but prefixes) or past it
+    spans = max(cut, nccl_end) >= len(raw[:raw_starts[1]].rstrip())
+    return Text(raw[cut:], [max(0, s - cut) for s in raw_starts], origin, spans)
 
 
 Match = Callable[[str], Optional[tuple[int, int]]]
@@ -110,60 +157,141 @@ class Message:
     def __init__(self, pieces: Sequence[NormalLine], options: Sequence[tuple[Optional[str], ...]], hit: int) -> None:
         self.pieces = pieces
         self.options = options            # options[k]: the readings of the break after pieces[k]
+        self.hit = hit
         self.first = self.last = hit
         self.seps: list[Optional[str]] = [END] * max(0, len(pieces) - 1)
-        self.body, self.starts = render(pieces, hit, hit, self.seps)
+        self.text = render(pieces, hit, hit, self.seps)
 
-    def _set(self, first: int, last: int) -> None:
-        self.first, self.last = first, last
-        self.body, self.starts = render(self.pieces, first, last, self.seps)
+    @property
+    def body(self) -> str:
+        return self.text.body
 
-    def join(self, match: Match, backward: bool) -> Optional[tuple[int, int]]:
-        """Joins the pieces around the hit as far as the pattern needs them; the match's span in the message.
-        Back only when the hit alone does not match (it is then a later piece of a message begun above); on
-        while the match is missing or reaches the end of the text (a number or a clause may go on below)."""
-        span = match(self.body)
-        if span is None and backward and self.first > 0:
-            k = self.first - 1
-            best = None
+    @property
+    def starts(self) -> list[int]:
+        return self.text.starts
+
+    @property
+    def origin(self) -> Origin:
+        return self.text.origin
+
+    def _forward(self, first: int, seps: list[Optional[str]], span: Optional[tuple[int, int]], text: Text
+                 ) -> tuple[int, Optional[tuple[int, int]], Text]:
+        """Joins the lines below pieces[first..hit] while a join makes a pattern match, or match on into the next
+        line: the last piece joined, the match, the text (``seps`` is updated)."""
+        last = self.last
+        if span is None:  # the message may need several lines below before a pattern matches at all
+            found_first = self._first_match(first, seps)
+            if found_first is None:
+                return last, None, text
+            last, span, text = found_first
+        while last + 1 < len(self.pieces) and last - first + 1 < MAX_PIECES:
+            k = last
+            best: Optional[tuple[str, Text, tuple[int, int]]] = None
             for sep in self.options[k]:
                 if sep is END:
                     continue
-                self.seps[k] = sep
-                text, _ = render(self.pieces, k, self.last, self.seps)
-                found = match(text)
-                if found is not None and (best is None or _better(text, found, best[2], best[1])):
-                    best = (sep, found, text)
-            self.seps[k] = END
-            if best is not None:
-                self.seps[k] = best[0]
-                self._set(k, self.last)
-                span = best[1]
-        while (self.last + 1 < len(self.pieces) and self.last - self.first + 1 < MAX_PIECES and
-               (span is None or span[1] >= len(self.body.rstrip()))):
-            k = self.last
-            best = None
-            for sep in self.options[k]:
-                if sep is END:
+                seps[k] = sep
+                joined = render(self.pieces, first, k + 1, seps)
+                found = self._match(joined.body)
+                if found is None or found[1] <= joined.starts[-1] or (span is not None and found[0] != span[0]):
                     continue
-                self.seps[k] = sep
-                text, _ = render(self.pieces, self.first, k + 1, self.seps)
-                found = match(text)
-                if found is None or (span is not None and (found[0] != span[0] or found[1] <= span[1])):
-                    continue  # a join is kept only where it makes the pattern match, or match further
-                if best is None or _better(text, found, best[2], best[1]):
-                    best = (sep, found, text)
-            self.seps[k] = END
+                if best is None or _better(joined, found, best[1], best[2]):
+                    best = (sep, joined, found)
+            seps[k] = END
             if best is None:
                 break
-            self.seps[k] = best[0]
-            self._set(self.first, k + 1)
-            span = best[1]
+            seps[k] = best[0]
+            last, text, span = k + 1, best[1], best[2]
+        return last, span, text
+
+    def _first_match(self, first: int, seps: list[Optional[str]]
+                     ) -> Optional[tuple[int, tuple[int, int], Text]]:
+        """The fewest lines below that make a pattern match, read the best way (``seps`` is updated): every
+        reading of their breaks is tried, nearest lines first."""
+        for last in range(self.last + 1, min(len(self.pieces), first + MAX_PIECES)):
+            breaks = range(self.last, last)
+            best: Optional[tuple[tuple[Optional[str], ...], Text, tuple[int, int]]] = None
+            for combo in itertools.product(*(self.options[k] for k in breaks)):
+                if END in combo:
+                    continue
+                trial = list(seps)
+                for k, sep in zip(breaks, combo):
+                    trial[k] = sep
+                joined = render(self.pieces, first, last, trial)
+                found = self._match(joined.body)
+                if found is not None and found[1] > joined.starts[-1] and \
+                        (best is None or _better(joined, found, best[1], best[2])):
+                    best = (combo, joined, found)
+            if best is not None:
+                for k, sep in zip(breaks, best[0]):
+                    seps[k] = sep
+                return last, best[2], best[1]
+            if all(self.options[k] == (END,) for k in breaks[-1:]):
+                return None  # the message ends at a break that allows no join
+        return None
+
+    def join(self, match: Match) -> Optional[tuple[int, int]]:
+        """Joins the pieces around the hit as far as a pattern needs them; the match's span in the message.
+
+        Back to the line above when the hit alone does not match (it is a later piece of a message begun above),
+        or when the joined line's match is the hit's own begun above, or prefixes fill the line above (the hit is
+        the rest of that line); on to the lines below while a join makes the match reach into them."""
+        self._match = match
+        hit_span = match(self.body)
+        seps = list(self.seps)
+        last, span, text = self._forward(self.first, seps, hit_span, self.text)
+        choice = (self.first, last, span, text, seps)
+        while choice[0] > 0 and self.hit - choice[0] + 1 < MAX_PIECES:
+            k = choice[0] - 1
+            first, last, span, text, seps = choice
+            best = None
+            for sep in self.options[k]:
+                if sep is END:
+                    continue
+                back = list(seps)
+                back[k] = sep
+                joined = render(self.pieces, k, self.hit, back)
+                b_last, b_span, b_text = self._forward(k, back, match(joined.body), joined)
+                if b_span is None:
+                    continue
+                if span is not None:
+                    # the message read without the line above, grown to it: the same lines below and the same
+                    # end, and a start above, or the line above holding its prefixes, or lending its prefixes to a
+                    # hit without any (origin_unreadable says when that is not certain)
+                    if b_last != last or len(b_text.body) - b_span[1] != len(text.body) - span[1] or \
+                            not (b_span[0] < b_text.starts[first - k] or b_text.prefix_spans_break or
+                                 (text.origin.key() == _NO_ORIGIN and b_text.origin.key() != _NO_ORIGIN)):
+                        continue
+                if best is None or _better(b_text, b_span, best[3], best[2]):
+                    best = (k, b_last, b_span, b_text, back)
+            if best is None:
+                break
+            choice = best
+        self.first, self.last, span, self.text, self.seps = choice
         return span
+
+    def origin_unreadable(self) -> tuple[str, ...]:
+        """The fields of ``origin`` (who printed the message) that differ between the readings of the breaks
+        above the hit: a prefix a break cut where the text does not tell how the pieces join, or a prefix the
+        line above lends the hit when the hit may be a line of its own (a line of nothing but prefixes lends its
+        prefixes for certain)."""
+        if self.first == self.hit:
+            return ()
+        fields = ("rank", "local_rank", "pid", "host", "nccl_device")
+        breaks = [k for k in range(self.first, self.hit) if len(self.options[k]) > 1]
+        differ: set[str] = set()
+        for combo in itertools.islice(itertools.product(*(self.options[k] for k in breaks)), MAX_READINGS):
+            seps = list(self.seps)
+            for k, sep in zip(breaks, combo):
+                seps[k] = sep
+            first = max([self.first] + [k + 1 for k in breaks if seps[k] is END])
+            other = render(self.pieces, first, self.last, seps).origin
+            differ.update(f for f in fields if getattr(other, f) != getattr(self.origin, f))
+        return tuple(f for f in fields if f in differ)
 
     def covers(self, span: tuple[int, int]) -> range:
         """The piece indices a span of the text reaches into."""
-        return range(self.first, self.first + sum(1 for s in self.starts if s < span[1]))
+        return range(self.first, self.first + max(1, sum(1 for s in self.starts if s < span[1])))
 
     def value(self, m: "re.Match[str]", group: str, parse: Callable[[str], Any] = str) -> Any:
         """``parse`` of the text of ``group`` (a number, or a list of them) in match ``m`` of this message's text,
@@ -199,13 +327,14 @@ class Message:
                 last += 1  # a break read as END ends the message there
             if seps == self.seps and last == self.last:
                 continue  # the reading chosen
-            text, starts = render(self.pieces, self.first, last, seps)
-            start = _moved(m.start(), self.starts, starts)
-            other = m.re.search(text, start) if start <= len(text) else None
+            other_text = render(self.pieces, self.first, last, seps)
+            start = _moved(m.start(), self.starts, other_text.starts)
+            body = other_text.body
+            other = m.re.search(body, start) if start <= len(body) else None
             if other is None or other.start() != start or other.group(group) is None:
                 continue  # the pattern does not read this message there: not a reading of this number
             os, oe = other.span(group)
-            if _whole(text, os, oe):
+            if _whole(body, os, oe):
                 try:
                     read = parse(other.group(group))
                 except ValueError:
@@ -217,10 +346,12 @@ class Message:
         return values[0] if len(values) == 1 else None
 
 
-def _better(text: str, found: tuple[int, int], best_text: str, best: tuple[int, int]) -> bool:
+def _better(text: Text, found: tuple[int, int], best_text: Text, best: tuple[int, int]) -> bool:
     """Whether a match is a better reading than the best so far: one that ends between words first (a join
-    glueing a number to the next word is the wrong one), then the one that reaches further."""
-    return (_clean_end(text, found[1]), found[1]) > (_clean_end(best_text, best[1]), best[1])
+    glueing a number to the next word is the wrong one), then the one that reaches further into the last piece
+    (a reading with a space added is not further for it)."""
+    return (_clean_end(text.body, found[1]), found[1] - text.starts[-1]) > \
+        (_clean_end(best_text.body, best[1]), best[1] - best_text.starts[-1])
 
 
 def _clean_end(text: str, end: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Example, Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser, context_field
 
 # torchfrtrace (torch/distributed/flight_recorder/components/builder.py, match_one_event), as the PyTorch tutorial
 # "Flight Recorder for Debugging Stuck Jobs" shows it:
@@ -67,12 +67,13 @@ class FlightRecorder(Recogniser):
                 group.unreadable("the missing ranks")
             group.add(line.number, body.strip(), ranks=(ranks or ())[:MAX_RANKS])
             for _, text in list(line.context)[-8:]:  # the entry's own lines above: its collective and group
-                c = _COLLECTIVE.search(text)
-                if c:
-                    group.facts["op"] = c.group("op")
-                g = _GROUP.search(text)
-                if g:
-                    group.facts["group"] = g.group("group")
+                for pattern, key, what in ((_COLLECTIVE, "op", "the collective"), (_GROUP, "group", "the group")):
+                    field = context_field(text, pattern, key)
+                    if field.found and field.value is None:
+                        group.facts.pop(key, None)
+                        group.unreadable(what)
+                    elif field.found:
+                        group.facts[key] = field.value
             return True
         m = _DUMP.search(body)
         if m:

@@ -46,6 +46,9 @@ class NcclDiagnostics(Recogniser):
         what = m.group("what")
         if ranks is None and r is not None:  # the finding quoted without the ranks it cannot tell
             what = line.body[m.start("what"):r.start("ranks")] + "(unreadable)" + line.body[r.end("ranks"):m.end("what")]
+        elif line.value(m, "what") is None or line.value(m, "check") is None:  # quoted across a line break that
+            # may or may not be a space
+            group.unreadable("the finding's exact words (a line break runs through them)")
         findings: dict[str, None] = group.facts.setdefault("findings", {})
         if len(findings) < 32:
             findings.setdefault(f"{m.group('check')}: {what.strip()}", None)

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Example, Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser, context_field
 
 # The NCCL User Guide, Troubleshooting > RAS (docs/troubleshooting/ras.rst), sample output of `ncclras`:
 #   #0-0 (cf264af53edbe986) INCOMPLETE
@@ -46,7 +46,10 @@ def _json_record(context: Any, limit: int = 16) -> dict[str, str]:
     for _, text in list(context)[-limit:][::-1]:
         m = _JSON_FIELD.search(text)
         if m and m.group("key") not in found:
-            found[m.group("key")] = m.group("value")
+            field = context_field(text, re.compile(re.escape(m.group(0)[:m.start("value") - m.start()]) +
+                                                   r'(?P<value>[\w.:-]{1,255})'), "value")
+            if field.value is not None:
+                found[m.group("key")] = field.value
         if "rank" in found and "host" in found and "pid" in found:
             break
     return found
@@ -76,7 +79,7 @@ class NcclRas(Recogniser):
     """What NCCL's RAS reports about a job that stopped progressing: who is missing or dead, who is behind."""
 
     kinds = (MISSING, BEHIND)
-    keywords = ("The missing rank", "Missing communicator data from", "considered dead", "job process", "PEER_DEAD: Process",
+    keywords = ("The missing rank", "Missing communicator data from", "considered dead", "PEER_DEAD: Process",
                 "have launched up to operation", "has launched up to operation", "managed by process", "managing GPU",
                 '"missing_ranks_count"', '"unresponsive": true', '"considered_dead": true', '"PEER_DEAD"')
     patterns = (_MISSING_RANKS, _MISSING_FROM, _DEAD, _PEER_DEAD, _PROCESS, _LAUNCHED, _BEHIND_RANK, _JSON_MISSING,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
+from ..lines import strip_prefixes
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Example, Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser, context_field
 
 # torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg / _format_failure):
 #   [1]:
@@ -68,9 +69,11 @@ class TorchrunSummary(Recogniser):
                 return True
             host = None
             for _, text in list(line.context)[-3:]:
-                h = _HOST.search(text.split("]:", 1)[-1] if text.startswith("[") else text)
-                if h:
-                    host = h.group("host")
+                field = context_field(text, _HOST, "host", lambda t: strip_prefixes(t)[0])
+                if field.found:
+                    host = field.value
+                    if host is None:
+                        group.unreadable("a host")
             group.add(line.number, line.body.strip(), ranks=(rank,))
             failures: dict[int, dict] = group.facts.setdefault("failures", {})
             if rank in failures or len(failures) < MAX_RANKS:
@@ -79,11 +82,14 @@ class TorchrunSummary(Recogniser):
         m = _EXIT.search(line.body)
         if m:
             # its rank is on the line above (read first, so its group exists); an exitcode line alone is no finding
-            above = [_RANK.search(text.split("]:", 1)[-1]) for _, text in list(line.context)[-2:]]
-            rank_line = next((r for r in reversed(above) if r), None)
+            above = [context_field(text, _RANK, "rank", lambda t: strip_prefixes(t)[0])
+                     for _, text in list(line.context)[-2:]]
+            rank_line = next((r for r in reversed(above) if r.found), None)
             if rank_line is None:
                 return False
-            failure = groups(KIND).facts.get("failures", {}).get(int(rank_line.group("rank")))
+            if rank_line.value is None:
+                return True  # the rank above is unreadable; its own line said so
+            failure = groups(KIND).facts.get("failures", {}).get(int(rank_line.value))
             if failure is not None:
                 failure["exit"] = line.integer(m, "code")
                 failure["signal"] = m.group("sig")
