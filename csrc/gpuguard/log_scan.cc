@@ -217,40 +217,20 @@ class Region {
                                  std::uint64_t* before, std::uint64_t* groups) {
     std::uint64_t count = 0;
     std::size_t line_start = from;
-    if (!has_cr_) {  // every line ends at a '\n': find them eight bytes at a time, as lines_ending counts them
-      constexpr std::uint64_t kLow7 = 0x7f7f7f7f7f7f7f7fULL;
-      constexpr std::uint64_t kNewlines = 0x0101010101010101ULL * static_cast<unsigned char>('\n');
-      std::size_t i = from;
-      auto take = [&](std::size_t at) {
-        if (at - line_start <= longest) {
+    if (!has_cr_) {  // every line ends at a '\n'
+      while (line_start < to) {
+        const void* nl = std::memchr(d_ + line_start, '\n', to - line_start);
+        if (nl == nullptr) break;
+        const std::size_t at = static_cast<std::size_t>(static_cast<const char*>(nl) - d_);
+        if (at - line_start <= longest && test.may_end_with_head(d_ + line_start, d_ + at)) {
           if (std::uint64_t g = test.at_end(d_ + line_start, d_ + at)) {
             *groups = g;
-            return true;
-          }
-        }
-        ++count;
-        line_start = at + 1;
-        return false;
-      };
-      for (; i + 8 <= to; i += 8) {
-        std::uint64_t word;
-        std::memcpy(&word, d_ + i, 8);
-        const std::uint64_t x = word ^ kNewlines;
-        std::uint64_t zero = ~(((x & kLow7) + kLow7) | x | kLow7);  // high bit set at each '\n'
-        while (zero != 0) {
-          const std::size_t at = i + (static_cast<std::size_t>(__builtin_ctzll(zero)) >> 3);
-          zero &= zero - 1;
-          if (take(at)) {
             *before = count;
             return at;
           }
         }
-      }
-      for (; i < to; ++i) {
-        if (d_[i] == '\n' && take(i)) {
-          *before = count;
-          return i;
-        }
+        ++count;
+        line_start = at + 1;
       }
       *before = count;
       return to;

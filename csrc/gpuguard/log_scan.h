@@ -83,6 +83,14 @@ class LineEndTest {
   bool empty() const { return heads_.empty(); }
   // The groups of the heads the line [begin, end) ends with; 0 when none.
   std::uint64_t at_end(const char* begin, const char* end) const;
+  // Whether the line [begin, end) may end with a head: false for nearly every line, at the cost of a table look-up.
+  bool may_end_with_head(const char* begin, const char* end) const {
+    if (end - begin < 2) return false;
+    const unsigned char last = static_cast<unsigned char>(end[-1]);
+    if (last == ' ' || last == '\t' || last == '\r') return true;  // blanks after a head: the full test
+    const unsigned pair = (static_cast<unsigned>(static_cast<unsigned char>(end[-2])) << 8) | last;
+    return last_pairs_[pair >> 6] >> (pair & 63) & 1;
+  }
 
  private:
   std::vector<std::string> heads_;

@@ -142,7 +142,9 @@ def terminal(width: int) -> Transform:
 
 SCREEN: dict[str, Transform] = {
     **{f"terminal_{w}": terminal(w) for w in (80, 100, 120)},
-    "ansi": _per_line(lambda line: "\x1b[36m" + line[:12] + "\x1b[0m" + line[12:] + "\x1b[0m"),
+    # colours as terminals show them: a launcher's prefix in one colour, the line in another
+    "ansi": _per_line(lambda line: (lambda m: "\x1b[36m" + line[:m.end()] + "\x1b[0m\x1b[31m" + line[m.end():] + "\x1b[0m"
+                                    if m else "\x1b[1;31m" + line + "\x1b[0m")(_LAUNCHER.match(line))),
     "bare_colour_codes": _per_line(lambda line: "[31m" + line + "[0m"),
 }
 
@@ -269,6 +271,23 @@ def compare(clean: Sequence[Diagnosis], pasted: Sequence[Diagnosis]) -> Optional
         wrong = _numbers(stated + " " + " ".join(p.devices)) - _numbers(c.summary + " " + " ".join(c.devices))
         if wrong:
             return f"{c.kind}: values {sorted(wrong)} the clean text does not give: {p.summary} / {p.devices}"
+    return None
+
+
+def wrong(clean: Sequence[Diagnosis], pasted: Sequence[Diagnosis]) -> Optional[str]:
+    """What the pasted shape gives that the clean text does not: another kind, a rank, a number (the weaker
+    check, for shapes beyond the corpus: one may miss what a break hides, never say something else)."""
+    by_kind = {d.kind: d for d in clean}
+    for p in pasted:
+        c = by_kind.get(p.kind)
+        if c is None:
+            return f"a {p.kind} diagnosis the clean text does not give"
+        if not set(p.ranks) <= set(c.ranks):
+            return f"{p.kind}: ranks {p.ranks}, the clean text gives {c.ranks}"
+        stated = p.summary.split(" Unreadable in this text: ")[0]
+        extra = _numbers(stated + " " + " ".join(p.devices)) - _numbers(c.summary + " " + " ".join(c.devices))
+        if extra:
+            return f"{p.kind}: values {sorted(extra)} the clean text does not give: {p.summary} / {p.devices}"
     return None
 
 

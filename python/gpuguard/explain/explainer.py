@@ -6,16 +6,18 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import re
 import os
 from collections import deque
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, Sequence, Union, overload
 
+from .._core import Scanner
 from .lines import MAX_LINE_CHARS, Origin
 from .model import Diagnosis, Group, ranks_text
 from .normalise import NormalLine, joined_records, normalise
 from .recogniser import ContextText, Host, Line, Recogniser
 from .registry import (BY_KIND, FILTER_GROUPS, FILTER_KEYWORDS, HELP, KINDS, LINE_END_GROUPS, LINE_END_HEADS,
-                       NEIGHBOUR_FRAGMENTS, READING_ORDER)
+                       READING_ORDER)
 from .wrapping import END, MAX_PIECES, SPACE, TERMINAL_MIN_WIDTH, Message, break_options, record_start
 
 # Lines kept for context (the traceback lines that precede an error), all sources together, each cut here.
@@ -25,37 +27,54 @@ CONTEXT_CHARS = 1024
 LINES_AFTER = MAX_PIECES - 1
 # How much of a stream is read at a time.
 READ_BYTES = 1 << 20
+# How far from a line the paste is searched for another line a terminal of its width broke.
+TERMINAL_EVIDENCE_LINES = 16
 # Records of other streams a container runtime may put between the pieces of a line it split.
 MAX_INTERLEAVED = 4
-# A keyword a break cut leaves its halves at the end of one line and the start of the next: only these many
-# characters at each end of a line are searched for them.
-EDGE_CHARS = 64
+# What a container runtime's record shows near its head (CRI's stream and tag, Docker's "log" key), behind any
+# quote markers or line numbers: only such lines are normalised as they arrive.
+_MAY_BE_STORE_RECORD = re.compile(r"std(?:out|err) [FP]|\"log\"")
+STORE_HEAD_CHARS = 160
+# A line the keyword filter passes is offered to the recognisers whose keywords it holds; a line a store split
+# (joined from its records, which the filter saw apart) is searched here for every keyword, whole.
 
 _NO_ORIGIN = (None, None, None, None)
 
 
 class _Entry:
-    """One line handed out by the reader, normalised once (a line a container runtime split: all its records)."""
+    """One line handed out by the reader (a line a container runtime split: all its records), normalised when
+    first looked at: most lines handed out are context no recogniser reads."""
 
-    __slots__ = ("number", "last", "line", "mask", "hit", "taken", "_complete")
+    __slots__ = ("number", "last", "_raw", "_line", "mask", "hit", "taken", "_complete", "context_text", "broken")
 
-    def __init__(self, number: int, line: NormalLine, mask: int, hit: bool) -> None:
+    def __init__(self, number: int, raw: str, mask: int, hit: bool, line: Optional[NormalLine] = None) -> None:
         self.number = number
         self.last = number        # the input line its last record was on
-        self.line = line
+        self._raw = raw
+        self._line = line
         self.mask = mask          # bit i: READING_ORDER[i] holds a keyword (or a piece of one) here
         self.hit = hit
         self.taken = False        # a recogniser read it (alone or as a piece of a message)
         self._complete: Optional[bool] = None
+        self.context_text: Optional[ContextText] = None  # as a line before a message, once built
+        self.broken: Optional[bool] = None  # the next line goes on from it as a terminal's break (once known)
+
+    @property
+    def line(self) -> NormalLine:
+        if self._line is None:
+            self._line = normalise(self._raw)
+        return self._line
 
     def extend(self, record: NormalLine, number: int, mask: int, hit: bool) -> None:
         """The next record of a line the store split (CRI "P", a Docker record without its newline): joined
         exactly, the prefixes read again over the whole line."""
-        self.line = joined_records(self.line, record)
+        self._line = joined_records(self.line, record)
         self.last = number
-        self.mask |= mask | _edge_mask(self.line.body)
+        self.mask |= mask | (_mask_of(self.line.body) if not self.mask else 0)
         self.hit = self.hit or hit or self.mask != 0
         self._complete = None
+        self.context_text = None
+        self.broken = None
 
     def complete(self) -> bool:
         """Whether this line alone holds a match of a recogniser it may hold: a message of its own."""
@@ -64,19 +83,51 @@ class _Entry:
         return self._complete
 
 
+def _broken_at_width(a: _Entry, b: _Entry) -> bool:
+    """Whether line ``b`` goes on from ``a`` the way a terminal's break does (at column 0, no prefix, no record
+    of its own): evidence of the terminal's width, a.line.width. Decided once per pair."""
+    if a.broken is None:
+        a.broken = b.number == a.last + 1 and not b.line.blank and b.line.indent == 0 and not b.line.store and \
+            not b.line.header and b.line.origin.key() == _NO_ORIGIN and not record_start(b.line.body)
+    return a.broken
+
+
+class _Options(Sequence[tuple[Optional[str], ...]]):
+    """The readings of each break between the pieces around a hit, worked out when the joining asks (most hits
+    need one or two)."""
+
+    def __init__(self, compute: Callable[[int], tuple[Optional[str], ...]], n: int) -> None:
+        self._compute = compute
+        self._known: dict[int, tuple[Optional[str], ...]] = {}
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, k: int) -> tuple[Optional[str], ...]: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[tuple[Optional[str], ...]]: ...
+
+    def __getitem__(self, k: Union[int, slice]) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(self._n)[k]]
+        if k < 0:
+            k += self._n
+        if not 0 <= k < self._n:
+            raise IndexError(k)
+        if k not in self._known:
+            self._known[k] = self._compute(k)
+        return self._known[k]
+
+
 def _never() -> bool:
     return False
 
 
-def _edge_mask(body: str) -> int:
-    """The recognisers one of whose keywords has a half at the start or the end of ``body`` (a keyword broken
-    across two lines leaves its halves there)."""
-    head, tail = body[:EDGE_CHARS], body.rstrip()[-EDGE_CHARS:]
-    mask = 0
-    for fragment, group in NEIGHBOUR_FRAGMENTS:
-        if fragment in head or fragment in tail:
-            mask |= 1 << group
-    return mask
+def _mask_of(text: str) -> int:
+    """The recognisers (bit i: READING_ORDER[i]) one of whose keywords ``text`` holds."""
+    return sum(1 << i for i, r in enumerate(READING_ORDER) if any(k in text for k in r.keywords))
 
 
 def _recognisers(mask: int) -> list[Recogniser]:
@@ -126,8 +177,6 @@ class LogExplainer:
 
     def __init__(self, *, match_local: bool = True, local_devices: Optional[Sequence[Any]] = None,
                  local_host: Optional[str] = None, log_is_local: bool = False) -> None:
-        from .._core import Scanner
-
         self._host = Host(match_local, local_devices, local_host, log_is_local)
         self._scanner = Scanner(FILTER_KEYWORDS, MAX_LINE_CHARS, CONTEXT_LINES, CONTEXT_CHARS, FILTER_GROUPS,
                                 LINES_AFTER, LINE_END_HEADS, LINE_END_GROUPS)
@@ -184,17 +233,16 @@ class LogExplainer:
             if number != self._last_number + 1:
                 self._read_pending(every=True)  # a gap: every line after the waiting hits is known
             self._last_number = number
-            line = normalise(raw.decode("utf-8", "replace"))
-            # a piece of a keyword a break cut: its half at the line's start or end (the reader's bytes say
-            # which recognisers a hit holds whole keywords of)
-            mask |= _edge_mask(line.body) if not line.blank else 0
-            open_part = self._open_partial(line, number)
+            text = raw.decode("utf-8", "replace")
+            # a record a container runtime may have split is normalised now, to join it; others when looked at
+            line = normalise(text) if _MAY_BE_STORE_RECORD.search(text, 0, STORE_HEAD_CHARS) else None
+            open_part = self._open_partial(line, number) if line is not None else None
             if open_part is not None:  # the store split this line: the record goes on here, exactly
-                open_part.extend(line, number, mask, hit)
+                open_part.extend(line, number, mask, hit)  # type: ignore[arg-type]
                 if open_part.hit and open_part not in self._pending:
                     self._pending.append(open_part)
                 continue
-            entry = _Entry(number, line, mask, hit or mask != 0)
+            entry = _Entry(number, text, mask, hit, line)
             self._window.append(entry)
             if entry.hit:
                 self._pending.append(entry)
@@ -207,6 +255,8 @@ class LogExplainer:
         if not line.store:
             return None
         for entry in itertools.islice(reversed(self._window), MAX_INTERLEAVED):
+            if entry._line is None:
+                return None  # a line no store wrote (it was not normalised on arrival)
             if (entry.line.store, entry.line.stream) == (line.store, line.stream):
                 return entry if entry.line.partial else None
         return None
@@ -245,9 +295,9 @@ class LogExplainer:
         candidates = _recognisers(mask)
         # a line below that holds a message of its own is not the rest of this one; the hit itself may be the rest
         # of the line above whether it matches alone or not
-        options = [break_options(a.line, b.line, self._terminal_width(lo + i),
-                                 b.complete if lo + i + 1 > at else _never)
-                   for i, (a, b) in enumerate(zip(pieces, pieces[1:]))]
+        options = _Options(lambda i: break_options(pieces[i].line, pieces[i + 1].line, self._terminal_width(lo + i),
+                                                   pieces[i + 1].complete if lo + i + 1 > at else _never),
+                           len(pieces) - 1)
         message = Message([p.line for p in pieces], options, at - lo)
         span = message.join(lambda text: _span(text, candidates))
         if span is None:
@@ -274,11 +324,22 @@ class LogExplainer:
                 return
 
     def _context_text(self, index: int) -> ContextText:
-        """The line at ``index`` of the window as its program printed it, with the lines that certainly go on from
-        it joined (a terminal as wide as the paste shows, a line of nothing but prefixes), cut at CONTEXT_CHARS;
-        where the next line may go on from it but need not, its readings hold each way."""
+        """The line at ``index`` of the window as its program printed it, cut at CONTEXT_CHARS; its readings (with
+        the lines that go on from it) are worked out when a recogniser asks. Built once a line."""
+        entry = self._window[index]
+        if entry.context_text is None:
+            entry.context_text = ContextText(entry.line.printed[:CONTEXT_CHARS], lambda: self._readings(entry))
+        return entry.context_text
+
+    def _readings(self, entry: _Entry) -> tuple[str, ...]:
+        """The texts of a context line with the lines that go on from it: those that certainly do joined (a
+        terminal as wide as the paste shows, a line of nothing but prefixes); where the next may go on but need
+        not, one text for each way (the line alone first)."""
         window = self._window
-        text = window[index].line.printed
+        index = next((i for i in range(len(window) - 1, -1, -1) if window[i] is entry), None)
+        text = entry.line.printed
+        if index is None:
+            return (text[:CONTEXT_CHARS],)
         i = index
         while i + 1 < len(window) and window[i + 1].number == window[i].last + 1 and i - index < MAX_PIECES - 1 \
                 and len(text) < CONTEXT_CHARS:
@@ -290,11 +351,10 @@ class LogExplainer:
             joined = [text.rstrip() + " " + piece.lstrip() if sep == SPACE else text + piece
                       for sep in options if sep is not END]
             if len(options) > 1:
-                readings = tuple(r[:CONTEXT_CHARS] for r in ([text] if END in options else []) + joined)
-                return ContextText(text[:CONTEXT_CHARS], readings)
+                return tuple(r[:CONTEXT_CHARS] for r in ([text] if END in options else []) + joined)
             text = joined[0]
             i += 1
-        return ContextText(text[:CONTEXT_CHARS])
+        return (text[:CONTEXT_CHARS],)
 
     def _terminal_width(self, index: int):  # type: ignore[no-untyped-def]
         """Whether the paste shows a terminal as wide as the line at ``index`` of the window: another line of the
@@ -304,13 +364,8 @@ class LogExplainer:
         def shows(width: int) -> bool:
             if width < TERMINAL_MIN_WIDTH:
                 return False
-            for i in range(len(window) - 1):
-                if i == index:
-                    continue
-                a, b = window[i], window[i + 1]
-                if a.line.width == width and b.number == a.last + 1 and not b.line.blank and \
-                        b.line.indent == 0 and not b.line.store and not b.line.header and \
-                        b.line.origin.key() == _NO_ORIGIN and not record_start(b.line.body):
+            for i in range(max(0, index - TERMINAL_EVIDENCE_LINES), min(len(window) - 1, index + TERMINAL_EVIDENCE_LINES)):
+                if i != index and window[i].line.width == width and _broken_at_width(window[i], window[i + 1]):
                     return True
             return False
 

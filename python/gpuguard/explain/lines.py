@@ -87,7 +87,10 @@ def prefix_end(text: str) -> tuple[int, Origin, bool, int]:
     for _ in range(16):  # prefixes stack a few deep; a line of nothing but prefixes ends the loop too
         while pos < len(text) and text[pos] in " \t":
             pos += 1
-        m = _RAY_PREFIX.match(text, pos)
+        first = text[pos:pos + 1]
+        if not first or not (first in "[(" or first.isalnum()):
+            break  # no prefix starts with anything else
+        m = _RAY_PREFIX.match(text, pos) if first == "(" else None
         if m:
             origin.pid = int(m.group("pid"))
             origin.ray = True
@@ -95,16 +98,17 @@ def prefix_end(text: str) -> tuple[int, Origin, bool, int]:
                 origin.host = m.group("ip")
             pos = m.end()
             continue
-        m = _RANK_PREFIX.match(text, pos) or _NUMBER_PREFIX.match(text, pos)
-        if m:
-            origin.rank = int(m.group("rank"))
-            pos = m.end()
-            continue
-        m = _ROLE_PREFIX.match(text, pos)
-        if m:
-            origin.local_rank = int(m.group("local"))
-            pos = m.end()
-            continue
+        if first == "[":
+            m = _RANK_PREFIX.match(text, pos) or _NUMBER_PREFIX.match(text, pos)
+            if m:
+                origin.rank = int(m.group("rank"))
+                pos = m.end()
+                continue
+            m = _ROLE_PREFIX.match(text, pos)
+            if m:
+                origin.local_rank = int(m.group("local"))
+                pos = m.end()
+                continue
         end = log_header(text, pos)
         if end is not None and end > pos:
             header = True
@@ -112,7 +116,8 @@ def prefix_end(text: str) -> tuple[int, Origin, bool, int]:
             continue
         break
     nccl_end = 0
-    m = _NCCL_WARN_PREFIX.search(text[pos:pos + _NCCL_WARN_HEAD])  # the body's start is a start for its lookbehind
+    head = text[pos:pos + _NCCL_WARN_HEAD]
+    m = _NCCL_WARN_PREFIX.search(head) if " NCCL WARN" in head else None  # (the body's start: its lookbehind's)
     if m:
         origin.host = m.group("host")
         origin.pid = int(m.group("pid"))

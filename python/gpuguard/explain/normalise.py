@@ -9,7 +9,7 @@ apply from the outside in,
   3. the log store: a Docker JSON record, the CRI prefix (its P tag marks a line the runtime split), `kubectl
      logs --timestamps`, syslog;
   4. then, in ``lines.read_prefixes``, launcher prefixes and log headers (ISO 8601 with level and logger, glog,
-     Python logging) in whatever order they stack.
+     Python logging) in whatever order they stack (only when a reader asks for the body or who printed it).
 
 What it removes at steps 2 and 3 is kept as facts the wrapping reader needs (``wrapping.py``): the width of the
 line as a terminal showed it (after step 2), its indentation, whether the store marked it partial and which
@@ -20,6 +20,7 @@ neighbours are normalised, each once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .lines import Origin, read_prefixes
 from .paste_rules import (
@@ -38,11 +39,9 @@ MAX_LAYERS = 8
 
 @dataclass
 class NormalLine:
-    """One input line, normalised."""
+    """One input line, normalised (its launcher prefixes and log header read only when asked for)."""
 
     printed: str            # the program's line: paste, viewer and store removed (launcher prefixes and headers kept)
-    body: str               # what recognisers read: ``printed`` without launcher prefixes and log headers
-    origin: Origin          # who printed it (launcher prefixes, NCCL's WARN prefix)
     width: int = 0          # columns of the line as a terminal showed it (store prefix included, paste removed)
     indent: int = 0         # leading blanks of that line
     trailing_blank: bool = False  # it ended in a blank as pasted (a wrap at a space kept the space)
@@ -50,8 +49,26 @@ class NormalLine:
     partial: bool = False   # the store split a long line: the next record of the same stream continues it exactly
     stream: str = ""        # the store's stream (stdout / stderr; a syslog tag), "" without a store prefix
     store: str = ""         # which store prefix it had ("cri", "docker", "kubectl", "syslog"), "" if none
-    header: bool = False    # a log header opened it: a record of its own
     rules: tuple[str, ...] = field(default_factory=tuple)  # the rules that applied, outermost first
+
+    @cached_property
+    def _prefixes(self) -> tuple[str, Origin, bool]:
+        return read_prefixes(self.printed)
+
+    @property
+    def body(self) -> str:
+        """What recognisers read: ``printed`` without launcher prefixes and log headers."""
+        return self._prefixes[0]
+
+    @property
+    def origin(self) -> Origin:
+        """Who printed it (launcher prefixes, NCCL's WARN prefix)."""
+        return self._prefixes[1]
+
+    @property
+    def header(self) -> bool:
+        """A log header opened it: a record of its own."""
+        return self._prefixes[2]
 
     @property
     def blank(self) -> bool:
@@ -73,7 +90,7 @@ def normalise(raw: str) -> NormalLine:
     for _ in range(MAX_LAYERS):
         if code_fence(text, pos):
             rules.append("code_fence")
-            return NormalLine("", "", Origin(), fence=True, rules=tuple(rules))
+            return NormalLine("", fence=True, rules=tuple(rules))
         end = quote_markers(text, pos)
         if end is not None and end > pos:
             rules.append("quote_markers")
@@ -97,18 +114,13 @@ def normalise(raw: str) -> NormalLine:
             store, stream, partial = found.kind, found.stream, found.partial
             shown = found.replaced if found.replaced is not None else shown[found.end:]
             break
-    body, origin, header = read_prefixes(shown)
-    if header:
-        rules.append("log_header")
-    return NormalLine(shown, body, origin, width=width, indent=indent, trailing_blank=trailing_blank,
-                      partial=partial, stream=stream, store=store, header=header, rules=tuple(rules))
+    return NormalLine(shown, width=width, indent=indent, trailing_blank=trailing_blank, partial=partial,
+                      stream=stream, store=store, rules=tuple(rules))
 
 
 def joined_records(line: NormalLine, record: NormalLine) -> NormalLine:
     """A line a log store split (``line`` partial) joined with its next ``record``, exactly; the launcher
     prefixes and log headers read again over the whole line, so that one the split cut is read whole."""
-    printed = line.printed + record.printed
-    body, origin, header = read_prefixes(printed)
-    return NormalLine(printed, body, origin, width=line.width + len(record.printed), indent=line.indent,
+    return NormalLine(line.printed + record.printed, width=line.width + len(record.printed), indent=line.indent,
                       trailing_blank=record.trailing_blank, partial=record.partial, stream=line.stream,
-                      store=line.store, header=header, rules=tuple(dict.fromkeys(line.rules + record.rules)))
+                      store=line.store, rules=tuple(dict.fromkeys(line.rules + record.rules)))

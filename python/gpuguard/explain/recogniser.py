@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import socket
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple, Optional, Sequence, Union
 
 from .lines import Origin
 from .model import Diagnosis, Group
@@ -57,16 +57,22 @@ class Line(NamedTuple):
 
 
 class ContextText(str):
-    """A line before a message (Line.context), with the lines that certainly go on from it joined; ``readings``
-    are its texts under each way the next line may go on from it when that is not certain (the line itself
-    first: it may end there)."""
+    """A line before a message (Line.context), as its program printed it. ``readings`` are its texts with the
+    lines that go on from it joined: one when the next line certainly goes on from it (or certainly not), one
+    for each way it may go on when the text cannot tell (the line itself first: it may end there). They are
+    worked out only when asked for."""
 
-    readings: tuple[str, ...]
-
-    def __new__(cls, text: str, readings: tuple[str, ...] = ()) -> "ContextText":
+    def __new__(cls, text: str, readings: Union[tuple[str, ...], Callable[[], tuple[str, ...]]] = ()
+                ) -> "ContextText":
         self = super().__new__(cls, text)
-        self.readings = readings or (text,)
+        self._readings = readings
         return self
+
+    @property
+    def readings(self) -> tuple[str, ...]:
+        if callable(self._readings):
+            self._readings = self._readings()
+        return self._readings or (str(self),)
 
 
 class ContextField(NamedTuple):

@@ -99,12 +99,6 @@ def _heads(text: str) -> list[str]:
     return list(dict.fromkeys(h for h in heads if len(h) >= LINE_END_MIN_HEAD))
 
 
-def _halves(text: str) -> list[str]:
-    """A head and a tail of ``text`` such that any break inside it leaves one of them whole on one side."""
-    head = (len(text) + 2) // 2
-    return list(dict.fromkeys([text[:head], text[head - 1:]]))
-
-
 #: A head shorter than this ends too many ordinary lines (the reader refuses shorter ones).
 LINE_END_MIN_HEAD = 4
 _searched = [(s, i) for i, r in enumerate(READING_ORDER) for k in r.keywords for s in _searchable(k)]
@@ -117,7 +111,3 @@ FILTER_GROUPS: tuple[int, ...] = tuple(g for _, g in _filter)
 #: The heads of short keywords the reader looks for at the end of each line, and their bits.
 LINE_END_HEADS: tuple[bytes, ...] = tuple(h for h, _ in _line_ends)
 LINE_END_GROUPS: tuple[int, ...] = tuple(g for _, g in _line_ends)
-#: The lines handed out (normalised) are searched at their start and end for the halves of every keyword: a piece
-#: of a keyword whose other piece the reader found.
-NEIGHBOUR_FRAGMENTS: tuple[tuple[str, int], ...] = tuple(dict.fromkeys(
-    (h, i) for i, r in enumerate(READING_ORDER) for k in r.keywords for h in _halves(k)))

@@ -82,6 +82,8 @@ def break_options(line: NormalLine, nxt: NormalLine, terminal_width: Callable[[i
     if line.width < MIN_WRAPPED_CHARS or nxt.header or len(nxt.body) > MAX_CONTINUATION_CHARS:
         return (END,)
     body = nxt.body.rstrip()
+    if nxt.origin.launcher_key() != _NO_ORIGIN and nxt.origin.launcher_key() != line.origin.launcher_key():
+        return (END,)  # another process's line
     if all_prefix(line):
         return (SPACE,)  # a line of nothing but prefixes is the head of the message below it
     start = _RECORD_START.match(body) if body else None
@@ -96,9 +98,7 @@ def break_options(line: NormalLine, nxt: NormalLine, terminal_width: Callable[[i
             return (END,)
         program_break = True
     if nxt.origin.launcher_key() != _NO_ORIGIN:
-        if nxt.origin.launcher_key() != line.origin.launcher_key():
-            return (END,)  # another process's line
-        program_break = True
+        program_break = True  # under the same launcher prefix again
     if len(body) >= SAME_HEAD_CHARS and body[:SAME_HEAD_CHARS] == line.body[:SAME_HEAD_CHARS]:
         return (END,)  # the same header again: the next record of the same kind
     if complete():
@@ -195,6 +195,8 @@ class Message:
                 found = self._match(joined.body)
                 if found is None or found[1] <= joined.starts[-1] or (span is not None and found[0] != span[0]):
                     continue
+                if span is not None and not _clean_end(joined.body, found[1]):
+                    continue  # a match that grows only by glueing the next word on is no reading of this message
                 if best is None or _better(joined, found, best[1], best[2]):
                     best = (sep, joined, found)
             seps[k] = END
