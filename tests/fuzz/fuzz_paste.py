@@ -16,19 +16,24 @@ from typing import Callable
 
 import paste_corpus as pc
 from gpuguard.explain import explain
+from gpuguard.explain.wrapping import MIN_WRAPPED_CHARS
 
 
 def _break_somewhere(rnd: random.Random) -> Callable[[str], str]:
-    """One line broken at a random character (a space or not), the continuation maybe indented."""
+    """One line broken at a random character (a space or not) at least MIN_WRAPPED_CHARS in (no viewer or
+    terminal is narrower), the continuation maybe indented."""
     def f(text: str) -> str:
         lines = pc._lines(text)
         i = rnd.randrange(len(lines))
         line = lines[i]
-        if len(line) < 2:
+        if len(line) <= MIN_WRAPPED_CHARS + 1:
             return text
-        at = rnd.randrange(1, len(line))
-        style = rnd.choice(["", "    ", " "])
-        head, tail = (line[:at], line[at + 1:]) if line[at] == " " and rnd.random() < 0.7 else (line[:at], line[at:])
+        at = rnd.randrange(MIN_WRAPPED_CHARS, len(line))
+        at_space = line[at] == " "
+        # a break at a space drops it, keeps it at the line's end, or indents the rest; one inside a word keeps
+        # every character (a terminal) or indents the rest (a viewer with a word too long for it)
+        style = rnd.choice(["", "    ", " "] if at_space else ["", "    "])
+        head, tail = (line[:at], line[at + 1:]) if at_space else (line[:at], line[at:])
         return "".join(x + "\n" for x in lines[:i] + [head + (" " if style == " " else ""),
                                                        ("    " if style == "    " else "") + tail] + lines[i + 1:])
     return f
@@ -68,10 +73,10 @@ def random_shape(rnd: random.Random, text: str) -> tuple[str, str]:
         width = rnd.randint(40, 200)
         names.append(f"terminal_{width}")
         text = pc.terminal(width)(text)
-    for _ in range(rnd.choice([0, 1, 1, 2])):
+    if rnd.random() < 0.6:  # one break: a second one in a piece of the first no single wrapper makes
         names.append("break")
         text = _break_somewhere(rnd)(text)
-    pick(pc.SCREEN, 0.2)
+    pick({k: v for k, v in pc.SCREEN.items() if not k.startswith("terminal")}, 0.2)  # one terminal at most
     pick(pc.PASTE, 0.5)
     pick({"quote": pc.PASTE["quote"], "nested_quote": pc.PASTE["nested_quote"]}, 0.3)
     pick({"html_escape": pc.PASTE["html_escape"]}, 0.2)

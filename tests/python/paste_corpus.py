@@ -274,9 +274,19 @@ def compare(clean: Sequence[Diagnosis], pasted: Sequence[Diagnosis]) -> Optional
     return None
 
 
+# The numbers a diagnosis states: PCI bus ids whole, every other run of digits on its own (a rank, a count, a
+# device index; "ranks 1-3" states 1 and 3).
+_NUMBER = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]|\d+")
+
+
+def _numeric(text: str) -> set[str]:
+    return set(_NUMBER.findall(text))
+
+
 def wrong(clean: Sequence[Diagnosis], pasted: Sequence[Diagnosis]) -> Optional[str]:
     """What the pasted shape gives that the clean text does not: another kind, a rank, a number (the weaker
-    check, for shapes beyond the corpus: one may miss what a break hides, never say something else)."""
+    check, for shapes beyond the corpus: one may miss what a break hides, never say another number; names such as
+    a host a break cut are not numbers)."""
     by_kind = {d.kind: d for d in clean}
     for p in pasted:
         c = by_kind.get(p.kind)
@@ -285,7 +295,7 @@ def wrong(clean: Sequence[Diagnosis], pasted: Sequence[Diagnosis]) -> Optional[s
         if not set(p.ranks) <= set(c.ranks):
             return f"{p.kind}: ranks {p.ranks}, the clean text gives {c.ranks}"
         stated = p.summary.split(" Unreadable in this text: ")[0]
-        extra = _numbers(stated + " " + " ".join(p.devices)) - _numbers(c.summary + " " + " ".join(c.devices))
+        extra = _numeric(stated + " " + " ".join(p.devices)) - _numeric(c.summary + " " + " ".join(c.devices))
         if extra:
             return f"{p.kind}: values {sorted(extra)} the clean text does not give: {p.summary} / {p.devices}"
     return None

@@ -18,7 +18,7 @@ from .normalise import NormalLine, joined_records, normalise
 from .recogniser import ContextText, Host, Line, Recogniser
 from .registry import (BY_KIND, FILTER_GROUPS, FILTER_KEYWORDS, HELP, KINDS, LINE_END_GROUPS, LINE_END_HEADS,
                        READING_ORDER)
-from .wrapping import END, MAX_PIECES, SPACE, TERMINAL_MIN_WIDTH, Message, break_options, record_start
+from .wrapping import AS_IS, DEDENT, END, MAX_PIECES, SPACE, TERMINAL_MIN_WIDTH, Message, break_options, record_start
 
 # Lines kept for context (the traceback lines that precede an error), all sources together, each cut here.
 CONTEXT_LINES = 64
@@ -33,7 +33,7 @@ TERMINAL_EVIDENCE_LINES = 16
 MAX_INTERLEAVED = 4
 # What a container runtime's record shows near its head (CRI's stream and tag, Docker's "log" key), behind any
 # quote markers or line numbers: only such lines are normalised as they arrive.
-_MAY_BE_STORE_RECORD = re.compile(r"std(?:out|err) [FP]|\"log\"")
+_MAY_BE_STORE_RECORD = re.compile(r"std(?:out|err) [FP]|log(?:[\"\\]|&(?:amp;)?(?:quot|#34);){1,4}\s{0,8}:")
 STORE_HEAD_CHARS = 160
 # A line the keyword filter passes is offered to the recognisers whose keywords it holds; a line a store split
 # (joined from its records, which the filter saw apart) is searched here for every keyword, whole.
@@ -45,7 +45,8 @@ class _Entry:
     """One line handed out by the reader (a line a container runtime split: all its records), normalised when
     first looked at: most lines handed out are context no recogniser reads."""
 
-    __slots__ = ("number", "last", "_raw", "_line", "mask", "hit", "taken", "_complete", "context_text", "broken")
+    __slots__ = ("number", "last", "_raw", "_line", "mask", "hit", "taken", "_complete", "context_text", "broken",
+                 "split_record")
 
     def __init__(self, number: int, raw: str, mask: int, hit: bool, line: Optional[NormalLine] = None) -> None:
         self.number = number
@@ -58,6 +59,9 @@ class _Entry:
         self._complete: Optional[bool] = None
         self.context_text: Optional[ContextText] = None  # as a line before a message, once built
         self.broken: Optional[bool] = None  # the next line goes on from it as a terminal's break (once known)
+        # (store, stream) of a record the runtime split that this line, a terminal's piece of it, ends: the next
+        # record of that stream goes on from it exactly
+        self.split_record: Optional[tuple[str, str]] = None
 
     @property
     def line(self) -> NormalLine:
@@ -234,8 +238,13 @@ class LogExplainer:
                 self._read_pending(every=True)  # a gap: every line after the waiting hits is known
             self._last_number = number
             text = raw.decode("utf-8", "replace")
-            # a record a container runtime may have split is normalised now, to join it; others when looked at
-            line = normalise(text) if _MAY_BE_STORE_RECORD.search(text, 0, STORE_HEAD_CHARS) else None
+            before = self._window[-1] if self._window and self._window[-1].last == number - 1 else None
+            if before is not None and before._line is not None and before._line.open_string:
+                line: Optional[NormalLine] = normalise(text, string_goes_on=True)  # a Docker record a break cut
+            elif _MAY_BE_STORE_RECORD.search(text, 0, STORE_HEAD_CHARS):
+                line = normalise(text)  # a record a container runtime may have split: joined now
+            else:
+                line = None  # normalised when looked at
             open_part = self._open_partial(line, number) if line is not None else None
             if open_part is not None:  # the store split this line: the record goes on here, exactly
                 open_part.extend(line, number, mask, hit)  # type: ignore[arg-type]
@@ -243,6 +252,11 @@ class LogExplainer:
                     self._pending.append(open_part)
                 continue
             entry = _Entry(number, text, mask, hit, line)
+            if before is not None and line is None:  # a terminal's piece of the line above, if any
+                split = before.split_record or (
+                    (before._line.store, before._line.stream) if before._line is not None and before._line.partial
+                    else None)
+                entry.split_record = split
             self._window.append(entry)
             if entry.hit:
                 self._pending.append(entry)
@@ -254,11 +268,13 @@ class LogExplainer:
         last few, if it is partial (CRI interleaves stdout and stderr records)."""
         if not line.store:
             return None
+        expected = number - 1
         for entry in itertools.islice(reversed(self._window), MAX_INTERLEAVED):
-            if entry._line is None:
-                return None  # a line no store wrote (it was not normalised on arrival)
-            if (entry.line.store, entry.line.stream) == (line.store, line.stream):
+            if entry.last != expected or entry._line is None or entry.line.store != line.store:
+                return None  # a line between them the reader left out, or one no store wrote (a terminal's break)
+            if entry.line.stream == line.stream:
                 return entry if entry.line.partial else None
+            expected = entry.number - 1  # another stream's record: the runtime interleaves them
         return None
 
     def _read_pending(self, every: bool) -> None:
@@ -295,10 +311,19 @@ class LogExplainer:
         candidates = _recognisers(mask)
         # a line below that holds a message of its own is not the rest of this one; the hit itself may be the rest
         # of the line above whether it matches alone or not
-        options = _Options(lambda i: break_options(pieces[i].line, pieces[i + 1].line, self._terminal_width(lo + i),
-                                                   pieces[i + 1].complete if lo + i + 1 > at else _never),
-                           len(pieces) - 1)
-        message = Message([p.line for p in pieces], options, at - lo)
+        def readings(i: int) -> tuple[Optional[str], ...]:
+            # a piece that goes on a piece above is as wide as the line they make so far
+            logical = pieces[i].line.width + (widths[i - 1] if i > 0 and options[i - 1] != (END,) else 0)
+            widths[i] = logical
+            split = pieces[i].split_record
+            if split is not None and (pieces[i + 1].line.store, pieces[i + 1].line.stream) == split:
+                return (AS_IS,)  # the runtime's next record of a line it split, after a terminal's pieces of it
+            return break_options(pieces[i].line, pieces[i + 1].line, self._terminal_width(lo + i),
+                                 pieces[i + 1].complete if lo + i + 1 > at else _never, logical)
+
+        widths: dict[int, int] = {}
+        options = _Options(readings, len(pieces) - 1)
+        message = Message([p.line for p in pieces], options, at - lo, lambda i: pieces[i].split_record is not None)
         span = message.join(lambda text: _span(text, candidates))
         if span is None:
             return
@@ -348,8 +373,8 @@ class LogExplainer:
                 break
             nxt = window[i + 1].line
             piece = nxt.body if nxt.origin.key() != _NO_ORIGIN or nxt.header else nxt.printed
-            joined = [text.rstrip() + " " + piece.lstrip() if sep == SPACE else text + piece
-                      for sep in options if sep is not END]
+            joined = [text.rstrip() + " " + piece.lstrip() if sep == SPACE else
+                      text + (piece.lstrip() if sep == DEDENT else piece) for sep in options if sep is not END]
             if len(options) > 1:
                 return tuple(r[:CONTEXT_CHARS] for r in ([text] if END in options else []) + joined)
             text = joined[0]

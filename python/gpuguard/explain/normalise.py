@@ -29,6 +29,7 @@ from .paste_rules import (
     bare_colour_codes,
     code_fence,
     html_entities,
+    json_string_rest,
     line_numbers,
     quote_markers,
 )
@@ -49,6 +50,8 @@ class NormalLine:
     partial: bool = False   # the store split a long line: the next record of the same stream continues it exactly
     stream: str = ""        # the store's stream (stdout / stderr; a syslog tag), "" without a store prefix
     store: str = ""         # which store prefix it had ("cri", "docker", "kubectl", "syslog"), "" if none
+    ended: bool = False     # the store says the program's line ends here (Docker's log string closed on this line)
+    open_string: bool = False  # a Docker record's log string goes on on the next physical line
     rules: tuple[str, ...] = field(default_factory=tuple)  # the rules that applied, outermost first
 
     @cached_property
@@ -72,12 +75,15 @@ class NormalLine:
 
     @property
     def blank(self) -> bool:
-        """No text at all (a line of nothing but prefixes is not blank: its message may be on the next line)."""
-        return self.fence or not self.printed.strip()
+        """No text at all (a line of nothing but prefixes is not blank, nor a store's record of blanks: its message
+        may be on the next line)."""
+        return self.fence or (not self.printed.strip() and not self.store)
 
 
-def normalise(raw: str) -> NormalLine:
-    """``raw`` (one input line, decoded) taken back to what its program printed, with the facts of each layer."""
+def normalise(raw: str, string_goes_on: bool = False) -> NormalLine:
+    """``raw`` (one input line, decoded) taken back to what its program printed, with the facts of each layer.
+    ``string_goes_on``: the line before was a Docker record whose log string a break cut; this line holds its
+    rest (JSON-escaped, then the record's other fields)."""
     rules: list[str] = []
     text = raw.rstrip("\r\n")
     for name, rewrite in (("ansi_codes", ansi_codes), ("bare_colour_codes", bare_colour_codes),
@@ -105,22 +111,28 @@ def normalise(raw: str) -> NormalLine:
     shown = text[pos:]
     width = len(shown)  # blanks at the end count: a terminal breaks at its width, on a space or not
     indent = len(shown) - len(shown.lstrip(" \t"))
-    trailing_blank = shown[-1:] in (" ", "\t")
-    partial, stream, store = False, "", ""
-    for name, rule in TRANSPORT_RULES:
+    partial, stream, store, ended, open_string = False, "", "", False, False
+    if string_goes_on:
+        rules.append("docker_json_rest")
+        shown, open_string = json_string_rest(shown)
+        ended = not open_string
+    for name, rule in TRANSPORT_RULES if not string_goes_on else ():
         found = rule(shown, 0)
         if found is not None:
             rules.append(name)
-            store, stream, partial = found.kind, found.stream, found.partial
+            store, stream, partial, ended = found.kind, found.stream, found.partial, found.ended
+            open_string = found.open_string
             shown = found.replaced if found.replaced is not None else shown[found.end:]
             break
+    trailing_blank = shown[-1:] in (" ", "\t")  # of the program's text: a store's separator is none of it
     return NormalLine(shown, width=width, indent=indent, trailing_blank=trailing_blank, partial=partial,
-                      stream=stream, store=store, rules=tuple(rules))
+                      stream=stream, store=store, ended=ended, open_string=open_string, rules=tuple(rules))
 
 
 def joined_records(line: NormalLine, record: NormalLine) -> NormalLine:
     """A line a log store split (``line`` partial) joined with its next ``record``, exactly; the launcher
     prefixes and log headers read again over the whole line, so that one the split cut is read whole."""
     return NormalLine(line.printed + record.printed, width=line.width + len(record.printed), indent=line.indent,
-                      trailing_blank=record.trailing_blank, partial=record.partial, stream=line.stream,
+                      trailing_blank=record.trailing_blank if record.printed else line.trailing_blank,
+                      partial=record.partial, stream=line.stream,
                       store=line.store, rules=tuple(dict.fromkeys(line.rules + record.rules)))

@@ -48,9 +48,11 @@ def bare_colour_codes(text: str) -> str:
 def html_entities(text: str) -> str:
     """A web page's character references decoded (``&quot;`` -> ``"``, ``&gt;`` -> ``>``, ``&nbsp;`` -> space);
     text with a bare ``&`` is left alone."""
-    if "&" not in text or not _ENTITY.search(text):
-        return text
-    return html.unescape(text).replace("\xa0", " ")
+    for _ in range(2):  # a page that escaped the text twice ("&amp;quot;") is read too
+        if "&" not in text or not _ENTITY.search(text):
+            break
+        text = html.unescape(text).replace("\xa0", " ")
+    return text
 
 
 # ---- outer layers: where the text was copied from --------------------------------------------------------------
@@ -98,6 +100,8 @@ class Transport(NamedTuple):
     stream: str         # stdout / stderr (container runtimes), the tag for syslog, "" when not said
     partial: bool       # the store split one long line: the next record of the same stream continues it as is
     replaced: Optional[str] = None  # the program's line decoded from the record (Docker's JSON)
+    ended: bool = False  # the program's line ends on this physical line for certain (Docker's log string closed)
+    open_string: bool = False  # the record's log string goes on past this physical line (a terminal broke it)
 
 
 _RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:?\d\d)"
@@ -125,10 +129,12 @@ def docker_json(text: str, pos: int = 0) -> Optional[Transport]:
         record = json.loads(text[pos:])
     except ValueError:
         record = None
+    ended = True
     if isinstance(record, dict) and isinstance(record.get("log"), str):
         log, stream = record["log"], record.get("stream") if isinstance(record.get("stream"), str) else ""
-    else:  # cut by the reader: decode the string as far as it goes
+    else:  # cut by the reader (or broken by a terminal): decode the string as far as it goes
         body = _JSON_STRING_BODY.match(text, head.end()).group(0)
+        ended = text[head.end() + len(body):head.end() + len(body) + 1] == '"'  # the log string closed here
         if body.endswith("\\") and not body.endswith("\\\\"):
             body = body[:-1]
         try:
@@ -137,8 +143,22 @@ def docker_json(text: str, pos: int = 0) -> Optional[Transport]:
             return None
         s = _DOCKER_STREAM.search(text, head.end() + len(body))
         stream = s.group("stream") if s else ""
-    partial = not log.endswith("\n")
-    return Transport(0, "docker", str(stream), partial, log.rstrip("\r\n"))
+    partial = ended and not log.endswith("\n")
+    return Transport(0, "docker", str(stream), partial, log.rstrip("\r\n"), ended and not partial, not ended)
+
+
+def json_string_rest(text: str) -> tuple[str, bool]:
+    """The rest of a JSON string a line break cut (the next physical line of a Docker record): its text decoded
+    up to the closing quote, and whether the string goes on past this line too."""
+    body = _JSON_STRING_BODY.match(text).group(0)
+    closed = text[len(body):len(body) + 1] == '"'
+    if body.endswith("\\") and not body.endswith("\\\\"):
+        body = body[:-1]
+    try:
+        decoded = json.loads('"' + body + '"')
+    except ValueError:
+        decoded = body
+    return decoded.rstrip("\r\n"), not closed
 
 
 def cri_prefix(text: str, pos: int = 0) -> Optional[Transport]:

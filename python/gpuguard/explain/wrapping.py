@@ -41,6 +41,7 @@ MAX_READINGS = 27
 END: Optional[str] = None
 AS_IS = ""
 SPACE = " "
+DEDENT = "\0"  # as AS_IS, the next line's indentation (a viewer's, not the text's) left out
 
 # What starts a record of its own (each alternative anchored and bounded); log headers the normaliser knows are
 # removed before this is asked, so the timestamps here are the ones of unknown formats.
@@ -70,16 +71,24 @@ def record_start(body: str) -> bool:
 
 
 def break_options(line: NormalLine, nxt: NormalLine, terminal_width: Callable[[int], bool],
-                  complete: Callable[[], bool]) -> tuple[Optional[str], ...]:
+                  complete: Callable[[], bool], logical_width: int = 0) -> tuple[Optional[str], ...]:
     """The readings the break between ``line`` and the next input line ``nxt`` allows (see the module's docstring).
 
     ``terminal_width(w)``: whether the paste shows a terminal w columns wide (another line broken at w);
-    ``complete()``: whether ``nxt`` holds a message of its own (asked last: it runs patterns)."""
+    ``complete()``: whether ``nxt`` holds a message of its own (asked last: it runs patterns);
+    ``logical_width``: the width of the line ``line`` is the last piece of so far, when it goes on a line above
+    (a short piece of a long line may be broken again)."""
     if line.blank or nxt.blank:
         return (END,)
-    if line.partial:
+    if line.partial and nxt.store:
         return (AS_IS,) if (nxt.store, nxt.stream) == (line.store, line.stream) else (END,)
-    if line.width < MIN_WRAPPED_CHARS or nxt.header or len(nxt.body) > MAX_CONTINUATION_CHARS:
+    if line.ended:
+        return (END,)  # the store closed the program's line here; what follows is the record's own fields
+    if line.open_string and not nxt.blank:  # a Docker record's log string goes on below, for certain
+        if line.width >= TERMINAL_MIN_WIDTH and terminal_width(line.width):
+            return (AS_IS,)
+        return (AS_IS, SPACE, DEDENT) if nxt.indent else (AS_IS, SPACE)
+    if max(line.width, logical_width) < MIN_WRAPPED_CHARS or nxt.header or len(nxt.body) > MAX_CONTINUATION_CHARS:
         return (END,)
     body = nxt.body.rstrip()
     if nxt.origin.launcher_key() != _NO_ORIGIN and nxt.origin.launcher_key() != line.origin.launcher_key():
@@ -107,8 +116,12 @@ def break_options(line: NormalLine, nxt: NormalLine, terminal_width: Callable[[i
         return (END, SPACE)
     if line.width >= TERMINAL_MIN_WIDTH and terminal_width(line.width):
         return (AS_IS,)  # a terminal as wide as this line broke it (before a space, or in a word)
-    if nxt.indent > line.indent or line.trailing_blank:
-        return (END, SPACE)
+    if line.trailing_blank:
+        return (END, SPACE)  # broken at a space, kept at the line's end
+    if nxt.indent and nxt.indent >= line.indent:
+        # a viewer's soft wrap indents (each piece alike), as does a block the paste indents: at a space, or in a
+        # word too long for the viewer, the indentation no part of the text
+        return (END, SPACE, DEDENT)
     # either; the likelier first (a reading is preferred over another that matches as far only if it comes first)
     return (END, AS_IS, SPACE) if line.width >= TERMINAL_MIN_WIDTH else (END, SPACE, AS_IS)
 
@@ -137,6 +150,8 @@ def render(pieces: Sequence[NormalLine], first: int, last: int, seps: Sequence[O
         if seps[k] == SPACE:
             raw = raw.rstrip() + SPACE
             text = text.lstrip()
+        elif seps[k] == DEDENT:
+            text = text.lstrip()
         raw_starts.append(len(raw))
         raw += text
     if last == first:
@@ -154,8 +169,11 @@ Match = Callable[[str], Optional[tuple[int, int]]]
 class Message:
     """One message read across consecutive lines: its pieces, the reading chosen at each break, its text."""
 
-    def __init__(self, pieces: Sequence[NormalLine], options: Sequence[tuple[Optional[str], ...]], hit: int) -> None:
+    def __init__(self, pieces: Sequence[NormalLine], options: Sequence[tuple[Optional[str], ...]], hit: int,
+                 goes_on: Callable[[int], bool] = lambda i: False) -> None:
         self.pieces = pieces
+        # goes_on(i): a store's record the line of piece i belongs to goes on below it (a runtime split the line)
+        self._goes_on = goes_on
         self.options = options            # options[k]: the readings of the break after pieces[k]
         self.hit = hit
         self.first = self.last = hit
@@ -186,6 +204,11 @@ class Message:
             last, span, text = found_first
         while last + 1 < len(self.pieces) and last - first + 1 < MAX_PIECES:
             k = last
+            if not self.pieces[k + 1].printed.strip() and END not in self.options[k]:
+                # a store's record with nothing in it that certainly goes on from this line: the line goes on past it
+                seps[k] = self.options[k][0]
+                last, text = k + 1, render(self.pieces, first, k + 1, seps)
+                continue
             best: Optional[tuple[str, Text, tuple[int, int]]] = None
             for sep in self.options[k]:
                 if sep is END:
@@ -309,13 +332,17 @@ class Message:
         touching = []
         for k in range(self.first, self.last):
             j = self.starts[k - self.first + 1]
-            sep = self.seps[k] or ""
-            if len(self.options[k]) > 1 and s <= j and e >= j - len(sep):
+            gap = 1 if self.seps[k] == SPACE else 0
+            if len(self.options[k]) > 1 and s <= j and e >= j - gap:
                 touching.append(k)
         end_edge = self.last + 1 < len(self.pieces) and len(self.options[self.last]) > 1 and \
             e >= len(self.body.rstrip())
         if end_edge:
             touching.append(self.last)
+        last_piece = self.pieces[self.last]
+        if (last_piece.partial or last_piece.open_string or self._goes_on(self.last)) and \
+                self.last + 1 == len(self.pieces) and e >= len(self.body.rstrip()):
+            return None  # the store says the line goes on, in a record this text does not hold
         if not touching:
             return value if _whole(self.body, s, e) else None
         values = [value] if _whole(self.body, s, e) else []

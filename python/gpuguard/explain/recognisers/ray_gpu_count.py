@@ -19,7 +19,11 @@ _QUOTED = re.compile(r"'([^']*)'")
 
 
 def _ids(text: str) -> tuple[str, ...]:
-    return tuple(_QUOTED.findall(text))
+    """The entries of the list Ray printed; a list that holds something but no quoted entry is not read."""
+    ids = tuple(_QUOTED.findall(text))
+    if not ids and text.strip("[] "):
+        raise ValueError(text)
+    return ids
 
 
 class RayGpuCount(Recogniser):
