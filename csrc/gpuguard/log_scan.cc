@@ -210,7 +210,7 @@ class Region {
         if (d_[i] == '\r' && !(i + 1 < size_ && d_[i + 1] == '\n')) ++count;
     return count;
   }
-  // The first line among those ending in [from, to) (from: a line start) whose end `test` takes, no longer than
+  // The first line among those ending in [from, to) (from: a line start) whose end `test` takes, shorter than
   // `longest`: the index of its line end, its groups in *groups and the lines ending before it in *before; `to`
   // when there is none (*before then counts them all).
   std::size_t first_line_end_hit(std::size_t from, std::size_t to, const LineEndTest& test, std::size_t longest,
@@ -222,7 +222,7 @@ class Region {
         const void* nl = std::memchr(d_ + line_start, '\n', to - line_start);
         if (nl == nullptr) break;
         const std::size_t at = static_cast<std::size_t>(static_cast<const char*>(nl) - d_);
-        if (at - line_start <= longest && test.may_end_with_head(d_ + line_start, d_ + at)) {
+        if (at - line_start < longest && test.may_end_with_head(d_ + line_start, d_ + at)) {
           if (std::uint64_t g = test.at_end(d_ + line_start, d_ + at)) {
             *groups = g;
             *before = count;
@@ -238,7 +238,7 @@ class Region {
     while (line_start < to) {
       const std::size_t end = end_of_line(line_start);
       if (end >= to) break;
-      if (end - line_start <= longest) {
+      if (end - line_start < longest) {
         if (std::uint64_t g = test.at_end(d_ + line_start, d_ + end)) {
           *groups = g;
           *before = count;
@@ -383,7 +383,7 @@ void LogScanner::region(const char* d, std::size_t size) {
       pos = r.after(end);
       continue;
     }
-    hit_in_region(r, d, number, start, end, ends_with_head(text, end - start <= cut));
+    hit_in_region(r, d, number, start, end, ends_with_head(text, end - start < cut));
     pos = r.after(end);
   }
   // The region's last lines are the context of a hit early in the next one.

@@ -47,7 +47,7 @@ class InvalidDeviceOrdinal(Recogniser):
                 "[rank9]:     torch.cuda.set_device(rank)\n"
                 "[rank9]: torch.AcceleratorError: CUDA error: invalid device ordinal\n"
                 "[rank9]: GPU device may be out of range, do you have enough GPUs?\n",
-                "invalid_device_ordinal", (9,), ("The lowest failing rank is 9",)),
+                "invalid_device_ordinal", (9,), ("on rank 9",)),
         # the issue's own: a RuntimeError quoted bare
         Example("RuntimeError: CUDA error: invalid device ordinal\n", "invalid_device_ordinal", (), ()),
     )
