@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX=${FUZZ_CXX:-clang++}
-PY="$PY"
+PY=${PYTHON:-python3}
 OUT=build/fuzz
 mkdir -p "$OUT/corpus"
 CORE="csrc/gpuguard/identity.cc csrc/gpuguard/placement.cc csrc/gpuguard/error.cc"
