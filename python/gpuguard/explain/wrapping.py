@@ -279,19 +279,21 @@ class Message:
                 b_last, b_span, b_text = self._forward(k, back, match(joined.body), joined)
                 if b_span is None:
                     continue
-                if span is not None:
-                    # the message read without the line above, grown to it: the same lines below and the same
-                    # end, and a start above, or the line above holding its prefixes, or lending its prefixes to a
-                    # hit without any (origin_unreadable says when that is not certain)
+                if span is not None and not b_span[0] < b_text.starts[first - k]:
+                    # a match that does not begin above: the message read without the line above, grown to it (the
+                    # same lines below, the same end), the line above holding its prefixes, or lending its
+                    # prefixes to a hit without any (origin_unreadable says when that is not certain)
                     if b_last != last or len(b_text.body) - b_span[1] != len(text.body) - span[1] or \
-                            not (b_span[0] < b_text.starts[first - k] or b_text.prefix_spans_break or
+                            not (b_text.prefix_spans_break or
                                  (text.origin.key() == _NO_ORIGIN and b_text.origin.key() != _NO_ORIGIN)):
                         continue
-                if best is None or _better(b_text, b_span, best[3], best[2]):
-                    best = (k, b_last, b_span, b_text, back)
+                # the reading whose match begins above the hit first: it reads more of the message
+                above = b_span[0] < b_text.starts[first - k]
+                if best is None or (above, _better(b_text, b_span, best[3], best[2])) > (best[5], False):
+                    best = (k, b_last, b_span, b_text, back, above)
             if best is None:
                 break
-            choice = best
+            choice = best[:5]
         self.first, self.last, span, self.text, self.seps = choice
         return span
 
@@ -377,10 +379,11 @@ class Message:
 
 def _better(text: Text, found: tuple[int, int], best_text: Text, best: tuple[int, int]) -> bool:
     """Whether a match is a better reading than the best so far: one that ends between words first (a join
-    glueing a number to the next word is the wrong one), then the one that reaches further into the last piece
-    (a reading with a space added is not further for it)."""
-    return (_clean_end(text.body, found[1]), found[1] - text.starts[-1]) > \
-        (_clean_end(best_text.body, best[1]), best[1] - best_text.starts[-1])
+    glueing a number to the next word is the wrong one), then the one that begins earlier in the first piece (a
+    pattern reading the message from its start), then the one that reaches further into the last piece (a reading
+    with a space added is not further for it)."""
+    return (_clean_end(text.body, found[1]), -found[0], found[1] - text.starts[-1]) > \
+        (_clean_end(best_text.body, best[1]), -best[0], best[1] - best_text.starts[-1])
 
 
 def _clean_end(text: str, end: int) -> bool:
