@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
-import re
 import os
+import re
 from collections import deque
 from typing import IO, Any, Callable, Iterable, Iterator, Optional, Sequence, Union, overload
 
 from .._core import Scanner
-from .lines import MAX_LINE_CHARS, Origin
+from .lines import MAX_LINE_CHARS
 from .model import Diagnosis, Group, ranks_text
 from .normalise import NormalLine, joined_records, normalise
 from .recogniser import ContextText, Host, Line, Recogniser

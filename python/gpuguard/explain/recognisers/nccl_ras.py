@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
+from ..model import Diagnosis, Group, ranks_phrase
 from ..recogniser import Example, Groups, Host, Line, Recogniser, context_field
 
 # The NCCL User Guide, Troubleshooting > RAS (docs/troubleshooting/ras.rst), sample output of `ncclras`:
