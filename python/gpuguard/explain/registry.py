@@ -64,12 +64,13 @@ BY_KIND: dict[str, Recogniser] = {k: r for r in RECOGNISERS for k in r.kinds}
 
 # ---- the keyword filter ----------------------------------------------------------------------------------------
 #
-# The C++ reader skips through the log by its shortest keyword (Wu-Manber), so every keyword it searches is
-# FRAGMENT_BYTES long: the first and the last FRAGMENT_BYTES bytes of each recogniser keyword. A keyword a paste
-# broke across two lines keeps one of them whole on one line when it is at least twice that long; a shorter one
-# broken where neither stays whole leaves its head at the end of a line, which the reader's line-end test finds
-# (LINE_END_HEADS). A web page's or a JSON log's escapes change the quotes in a keyword: the filter searches the
-# longest run of it no escape touches, or, where that run is too short, each escaped form.
+# The C++ reader skips through the log by its shortest keyword (Wu-Manber: fewer and longer keywords, longer
+# skips), so it searches one FRAGMENT_BYTES piece of each recogniser keyword: its last FRAGMENT_BYTES bytes, which a
+# whole keyword holds. A keyword a paste broke across two lines leaves that piece whole on the second line when the
+# break is early in it; a later break leaves a head of the keyword at the end of the first line, which the reader's
+# line-end test finds (LINE_END_HEADS: as cheap as counting the lines). A web page's or a JSON log's escapes change
+# the quotes in a keyword: the filter searches the longest run of it no escape touches, or, where that run is too
+# short, each escaped form.
 FRAGMENT_BYTES = 11
 _ESCAPED = re.compile(r"[\"'<>&\\]")
 # The escaped forms of those characters, in the order html.escape, a numeric reference, and JSON (Docker's, Go's
@@ -88,15 +89,13 @@ def _searchable(keyword: str) -> list[str]:
 
 
 def _fragments(text: str) -> list[str]:
-    if len(text) <= FRAGMENT_BYTES:
-        return [text]
-    return list(dict.fromkeys([text[:FRAGMENT_BYTES], text[-FRAGMENT_BYTES:]]))
+    return [text[-FRAGMENT_BYTES:]]
 
 
 def _heads(text: str) -> list[str]:
-    """The heads a break leaves at a line's end when neither fragment of ``text`` stays whole on one side."""
-    # a break at a space drops that space: the tail then needs one byte more to hold the last fragment
-    heads = (text[:p].rstrip() for p in range(max(1, len(text) - FRAGMENT_BYTES), min(FRAGMENT_BYTES, len(text))))
+    """The heads a break leaves at a line's end when the last fragment of ``text`` does not stay whole below it (a
+    break at a space drops that space: the rest then needs one byte more to hold the fragment)."""
+    heads = (text[:p].rstrip() for p in range(max(1, len(text) - FRAGMENT_BYTES - 1), len(text)))
     return list(dict.fromkeys(h for h in heads if len(h) >= LINE_END_MIN_HEAD))
 
 
