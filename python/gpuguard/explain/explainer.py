@@ -23,6 +23,8 @@ from .wrapping import AS_IS, DEDENT, END, MAX_PIECES, SPACE, TERMINAL_MIN_WIDTH,
 # Lines kept for context (the traceback lines that precede an error), all sources together, each cut here.
 CONTEXT_LINES = 64
 CONTEXT_CHARS = 1024
+#: the most texts a line before a message is read as (ContextText.readings), each way the lines below may join it
+CONTEXT_READINGS = 8
 # Lines the reader hands out after each hit: the later pieces of a message wrapped below it.
 LINES_AFTER = MAX_PIECES - 1
 # How much of a stream is read at a time.
@@ -331,7 +333,8 @@ class LogExplainer:
             base = max(0, at - CONTEXT_LINES)
             alone = Line(entry.number, entry.line.body, entry.line.origin,
                          _Context([window[i] for i in range(base, at)], lambda i: self._context_text(base + i)),
-                         printed=entry.line.printed)
+                         printed=ContextText(entry.line.printed, lambda: self._readings(entry)),
+                         following=self._following(at))
             for recogniser in candidates:
                 if recogniser.read(alone, self._group):
                     return
@@ -349,7 +352,9 @@ class LogExplainer:
         head = first.line.printed
         lead = head[:len(head) - len(head.lstrip(" \t"))] if first.line.origin.key() == _NO_ORIGIN and \
             not first.line.header else ""
-        line = Line(first.number, message.body, origin, context, message, lead + message.body)
+        last, printed = pieces[message.last], lead + message.body
+        line = Line(first.number, message.body, origin, context, message,
+                    ContextText(printed, lambda: self._readings(last, printed)), self._following(lo + message.last))
         # each recogniser's matches contain one of its keywords (whole, or broken across the pieces joined), so
         # skipping the others loses nothing
         for recogniser in candidates:
@@ -362,38 +367,59 @@ class LogExplainer:
                             self._groups[kind].unreadable("who printed it (its prefix is broken across lines)")
                 return
 
+    def _index(self, entry: _Entry) -> Optional[int]:
+        window = self._window
+        return next((i for i in range(len(window) - 1, -1, -1) if window[i] is entry), None)
+
+    def _following(self, index: Optional[int]) -> Optional[ContextText]:
+        """The line right after the one at ``index`` of the window, as its program printed it, with its readings
+        (None when the window does not hold the log's next line)."""
+        window = self._window
+        if index is not None and index + 1 < len(window) and window[index + 1].number == window[index].last + 1:
+            return self._context_text(index + 1)
+        return None
+
     def _context_text(self, index: int) -> ContextText:
         """The line at ``index`` of the window as its program printed it, cut at CONTEXT_CHARS; its readings (with
         the lines that go on from it) are worked out when a recogniser asks. Built once a line."""
         entry = self._window[index]
         if entry.context_text is None:
-            entry.context_text = ContextText(entry.line.printed[:CONTEXT_CHARS], lambda: self._readings(entry))
+            entry.context_text = ContextText(entry.line.printed[:CONTEXT_CHARS], lambda: self._readings(entry),
+                                             lambda: self._following(self._index(entry)))
         return entry.context_text
 
-    def _readings(self, entry: _Entry) -> tuple[str, ...]:
-        """The texts of a context line with the lines that go on from it: those that certainly do joined (a
-        terminal as wide as the paste shows, a line of nothing but prefixes); where the next may go on but need
-        not, one text for each way (the line alone first)."""
+    def _readings(self, entry: _Entry, text: Optional[str] = None) -> tuple[str, ...]:
+        """The texts of a line (``text``: what ends with the line ``entry``, the line itself by default) with the
+        lines that go on from it: those that certainly do joined (a terminal as wide as the paste shows, a line of
+        nothing but prefixes); where the next may go on but need not, one text for each way (the line alone
+        first), each going on as far as the lines below certainly do (up to CONTEXT_READINGS texts)."""
         window = self._window
-        index = next((i for i in range(len(window) - 1, -1, -1) if window[i] is entry), None)
-        text = entry.line.printed
+        index = self._index(entry)
+        text = entry.line.printed if text is None else text
         if index is None:
             return (text[:CONTEXT_CHARS],)
+        done: list[str] = []
+        going = [text]
         i = index
-        while i + 1 < len(window) and window[i + 1].number == window[i].last + 1 and i - index < MAX_PIECES - 1 \
-                and len(text) < CONTEXT_CHARS:
+        while going and i + 1 < len(window) and window[i + 1].number == window[i].last + 1 and \
+                i - index < MAX_PIECES - 1:
             options = break_options(window[i].line, window[i + 1].line, self._terminal_width(i), _never)
             if options == (END,):
                 break
             nxt = window[i + 1].line
             piece = nxt.body if nxt.origin.key() != _NO_ORIGIN or nxt.header else nxt.printed
-            joined = [text.rstrip() + " " + piece.lstrip() if sep == SPACE else
-                      text + (piece.lstrip() if sep == DEDENT else piece) for sep in options if sep is not END]
-            if len(options) > 1:
-                return tuple(r[:CONTEXT_CHARS] for r in ([text] if END in options else []) + joined)
-            text = joined[0]
+            ended = going if END in options else []
+            joined = [t.rstrip() + " " + piece.lstrip() if sep == SPACE else
+                      t + (piece.lstrip() if sep == DEDENT else piece)
+                      for t in going for sep in options if sep is not END]
+            if len(done) + len(ended) + len(joined) > CONTEXT_READINGS:
+                break  # too many ways: the texts so far
+            done += ended
+            going = []
+            for t in joined:
+                (done if len(t) >= CONTEXT_CHARS else going).append(t)
             i += 1
-        return (text[:CONTEXT_CHARS],)
+        return tuple(dict.fromkeys(t[:CONTEXT_CHARS] for t in done + going))
 
     def _terminal_width(self, index: int):  # type: ignore[no-untyped-def]
         """Whether the paste shows a terminal as wide as the line at ``index`` of the window: another line of the

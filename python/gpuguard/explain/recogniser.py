@@ -27,7 +27,8 @@ class Line(NamedTuple):
     """One message offered to a recogniser: the number of its first line, its text (normalised: what a paste and a
     log store added removed, without launcher prefixes and log headers; the pieces of a wrapped message joined),
     who printed it, the lines before it (up to CONTEXT_LINES, oldest first, as ``(number, text)``, each as its
-    program printed it: launcher prefixes kept), and the Message it was joined from (None: one whole line)."""
+    program printed it: launcher prefixes kept), the Message it was joined from (None: one whole line), the
+    message as printed and the line after it."""
 
     number: int
     body: str
@@ -37,6 +38,9 @@ class Line(NamedTuple):
     #: the message as its program printed it: launcher prefixes kept for a line read alone, the leading blanks of
     #: a first piece without prefixes kept (a long message's own assembly needs them); None when not known
     printed: Optional[str] = None
+    #: the line right after the message (after the last line it was joined from), as its program printed it:
+    #: launcher prefixes kept; None when the log has no such line next to it
+    following: Optional[str] = None
 
     def value(self, m: "re.Match[str]", group: str, parse: Callable[[str], Any] = str) -> Any:
         """``parse`` of what ``group`` (a number, or a list of numbers) matched, when it is whole: every reading of
@@ -62,14 +66,20 @@ class Line(NamedTuple):
 class ContextText(str):
     """A line before a message (Line.context), as its program printed it. ``readings`` are its texts with the
     lines that go on from it joined: one when the next line certainly goes on from it (or certainly not), one
-    for each way it may go on when the text cannot tell (the line itself first: it may end there). They are
-    worked out only when asked for."""
+    for each way it may go on when the text cannot tell (the line itself first: it may end there); ``following``
+    is the line after it. They are worked out only when asked for."""
 
-    def __new__(cls, text: str, readings: Union[tuple[str, ...], Callable[[], tuple[str, ...]]] = ()
-                ) -> "ContextText":
+    def __new__(cls, text: str, readings: Union[tuple[str, ...], Callable[[], tuple[str, ...]]] = (),
+                following: Optional[Callable[[], Optional["ContextText"]]] = None) -> "ContextText":
         self = super().__new__(cls, text)
         self._readings = readings
+        self._following = following
         return self
+
+    @property
+    def following(self) -> Optional["ContextText"]:
+        """The log's next line (None when the reader does not hold it): asked only while a recogniser reads."""
+        return self._following() if self._following is not None else None
 
     @property
     def readings(self) -> tuple[str, ...]:
