@@ -301,3 +301,32 @@ def test_the_reader_finds_a_keyword_a_break_cut_by_its_pieces_and_by_a_head_at_a
     hits = [(n, text.decode()) for n, hit, text, _ in out if hit]
     assert hits == [(2, lines[1]), (4, lines[3])]
     assert [n for n, hit, _, _ in out if not hit] == [3, 5]   # the line after each hit
+
+
+# gpuguard's own report (csrc/gpuguard/tensor_devices.cc): its cause and fix are quoted from the log, so a paste's
+# break in them is read like one in a number
+REPORT = ("[rank3]: gpuguard.errors.DeviceMismatchError: gpuguard: layer 'blocks.2' (Linear) is about to run on "
+          "tensors from 2 devices (cuda:1, cuda:0); PyTorch would stop inside this layer with \"Expected all tensors "
+          "to be on the same device\".\n"
+          "[rank3]:   cuda:1: 2 parameters of 'blocks.2': weight, bias\n"
+          "[rank3]: Likely cause: its input was produced on cuda:0 (by the layers before it).\n"
+          "[rank3]: Fix: keep the layer with the layers before it: model.blocks[2].to(\"cuda:0\").\n")
+
+
+def test_the_reports_cause_and_fix_a_terminal_broke_are_read_whole():
+    clean = one(explain(REPORT, match_local=False), "gpuguard_device_mismatch")
+    width = 80
+    broken = "".join(line[i:i + width] + "\n" for line in REPORT.splitlines() for i in range(0, len(line), width))
+    found = one(explain(broken, match_local=False), "gpuguard_device_mismatch")
+    assert found.cause == clean.cause == "Likely cause: its input was produced on cuda:0 (by the layers before it)."
+    assert found.fix == clean.fix
+    assert (found.devices, found.ranks, found.unreadable) == (("cuda:1", "cuda:0"), (3,), ())
+
+
+def test_a_reports_cause_a_break_at_a_space_leaves_unsure_is_unreadable_not_cut():
+    # "produced" / "on cuda:0": a break at a space, or inside a word ("producedon"); both read as a finished line
+    text = REPORT.replace("its input was produced on", "its input was produced\non")
+    found = one(explain(text, match_local=False), "gpuguard_device_mismatch")
+    assert found.unreadable == ("the report's cause and fix (broken across lines)",)
+    assert "produced" not in found.cause and found.fix.startswith("Fix: ")
+    assert found.devices == ("cuda:1", "cuda:0")
