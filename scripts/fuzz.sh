@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets for the identity-record decoder, explain's log reader and the watchdog's reading of
-# torch's flight recorder dump (clang, AddressSanitizer + UBSan; plain C++ that links no torch, compiled with
-# torch's C++ ABI like every other part) and runs each briefly. CI calls it; FUZZ_SECONDS sets each one's budget.
+# Builds the libFuzzer targets for the identity-record decoder, explain's log reader (seeded with the pasted shapes
+# of tests/python/paste_corpus.py) and the watchdog's reading of torch's flight recorder dump (clang,
+# AddressSanitizer + UBSan; plain C++ that links no torch, compiled with torch's C++ ABI like every other part) and
+# runs each briefly, then tests/fuzz/fuzz_paste.py (explain's reading of pasted text, when the module is built).
+# CI calls it; FUZZ_SECONDS sets each one's budget.
 #   scripts/fuzz.sh            build, seed, fuzz for $FUZZ_SECONDS (default 20) seconds
 #   PYTHON=...                 the interpreter whose torch gives the C++ ABI (default python3)
 set -euo pipefail
@@ -48,7 +50,23 @@ run_target() {
   tests/fuzz/fuzz_log_scan.cc csrc/gpuguard/log_scan.cc -o "$OUT/fuzz_log_scan"
 mkdir -p "$OUT/log-corpus"
 printf '[rank7]: Duplicate GPU detected : rank 7 and rank 3 both on CUDA device 10000\r\nok\n' >"$OUT/log-corpus/seed1"
+# issue 27: every recogniser's examples pasted every way (quoted, wrapped, numbered, prefixed, escaped) as seeds
+PYTHONPATH=python:tests/python "$PY" tests/fuzz/write_paste_seeds.py "$OUT/log-corpus"
 run_target fuzz_log_scan "the log reader" log- tests/fuzz/log_scan.dict
+
+# explain's reading of pasted text (issue 27): random stacks of what copying a log does to the recognisers'
+# examples never give a number the clean text does not. Needs the built module (scripts/test.sh builds it).
+if PYTHONPATH=python "$PY" -c "import gpuguard._core" 2>/dev/null; then
+  if ! PYTHONPATH=python:tests/python "$PY" tests/fuzz/fuzz_paste.py "${FUZZ_SECONDS:-20}" \
+      >"$OUT/fuzz_paste.log" 2>&1; then
+    cat "$OUT/fuzz_paste.log" >&2
+    echo "fuzz.sh: explain read a pasted shape wrong (the shape and its seed are above)" >&2
+    exit 1
+  fi
+  cat "$OUT/fuzz_paste.log"
+else
+  echo "fuzz.sh: gpuguard._core is not built here (scripts/test.sh builds it): fuzz_paste.py did not run" >&2
+fi
 
 # The watchdog's reading of torch's flight recorder dump (issue 21): text from another library, read strictly.
 "$CXX" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

@@ -41,10 +41,22 @@ std::uint64_t count_byte(const char* p, std::size_t size, char c) {
 
 }  // namespace
 
-KeywordSearch::KeywordSearch(std::vector<std::string> keywords) : keywords_(std::move(keywords)) {
+KeywordSearch::KeywordSearch(std::vector<std::string> keywords, std::vector<std::uint8_t> groups)
+    : keywords_(std::move(keywords)), groups_(std::move(groups)) {
   if (keywords_.empty()) throw std::invalid_argument("log scanner: no keywords");
+  if (groups_.empty()) {
+    if (keywords_.size() > kMaxGroups)
+      throw std::invalid_argument("log scanner: more than " + std::to_string(kMaxGroups) +
+                                  " keywords without groups");
+    for (std::size_t i = 0; i < keywords_.size(); ++i) groups_.push_back(static_cast<std::uint8_t>(i));
+  }
   if (keywords_.size() > kMaxKeywords)
     throw std::invalid_argument("log scanner: more than " + std::to_string(kMaxKeywords) + " keywords");
+  if (groups_.size() != keywords_.size())
+    throw std::invalid_argument("log scanner: one group per keyword is needed");
+  for (std::uint8_t g : groups_)
+    if (g >= kMaxGroups)
+      throw std::invalid_argument("log scanner: a group must be below " + std::to_string(kMaxGroups));
   window_ = kMaxWindow;
   for (const auto& k : keywords_) {
     if (k.size() < kMinKeywordBytes)
@@ -105,22 +117,60 @@ std::size_t KeywordSearch::find(std::string_view text) const {
 std::uint64_t KeywordSearch::present(std::string_view text) const {
   std::uint64_t found = 0;
   for_each_hit(text, [&](std::size_t, std::uint16_t k) {
-    found |= 1ULL << k;
+    found |= 1ULL << groups_[k];
     return false;
   });
   return found;
 }
 
-LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits)
-    : search_(std::move(keywords)), limits_(limits) {
+LineEndTest::LineEndTest(std::vector<std::string> heads, std::vector<std::uint8_t> groups)
+    : heads_(std::move(heads)), groups_(std::move(groups)), last_pairs_(1u << 10, 0) {
+  if (groups_.size() != heads_.size()) throw std::invalid_argument("log scanner: one group per line-end head is needed");
+  if (heads_.size() > KeywordSearch::kMaxKeywords)
+    throw std::invalid_argument("log scanner: more than " + std::to_string(KeywordSearch::kMaxKeywords) + " heads");
+  for (std::size_t i = 0; i < heads_.size(); ++i) {
+    const std::string& h = heads_[i];
+    if (h.size() < kMinHeadBytes || h.find_first_of("\r\n") != std::string::npos || h.back() == ' ' ||
+        h.back() == '\t')
+      throw std::invalid_argument("log scanner: line-end head '" + h + "' is shorter than " +
+                                  std::to_string(kMinHeadBytes) + " bytes, ends in a blank or holds a line end");
+    if (groups_[i] >= KeywordSearch::kMaxGroups)
+      throw std::invalid_argument("log scanner: a group must be below " + std::to_string(KeywordSearch::kMaxGroups));
+    const unsigned pair = pair_at(h.data() + h.size() - 2);
+    last_pairs_[pair >> 6] |= 1ULL << (pair & 63);
+    by_pair_.emplace_back(static_cast<std::uint16_t>(pair), static_cast<std::uint16_t>(i));
+  }
+  std::sort(by_pair_.begin(), by_pair_.end());
+}
+
+std::uint64_t LineEndTest::at_end(const char* begin, const char* end) const {
+  if (heads_.empty()) return 0;
+  for (int blanks = 0; end > begin && blanks < 16 && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r');
+       ++blanks)
+    --end;
+  if (end - begin < static_cast<std::ptrdiff_t>(kMinHeadBytes)) return 0;
+  const unsigned pair = pair_at(end - 2);
+  if (!(last_pairs_[pair >> 6] >> (pair & 63) & 1)) return 0;
+  std::uint64_t found = 0;
+  auto it = std::lower_bound(by_pair_.begin(), by_pair_.end(), std::make_pair(static_cast<std::uint16_t>(pair),
+                                                                              std::uint16_t{0}));
+  for (; it != by_pair_.end() && it->first == pair; ++it) {
+    const std::string& h = heads_[it->second];
+    if (static_cast<std::size_t>(end - begin) >= h.size() && std::memcmp(end - h.size(), h.data(), h.size()) == 0)
+      found |= 1ULL << groups_[it->second];
+  }
+  return found;
+}
+
+LogScanner::LogScanner(std::vector<std::string> keywords, LogScanLimits limits, std::vector<std::uint8_t> groups,
+                       LineEndTest line_ends)
+    : search_(std::move(keywords), std::move(groups)), line_ends_(std::move(line_ends)), limits_(limits) {
   if (limits_.max_line_bytes == 0 || limits_.context_line_bytes == 0)
     throw std::invalid_argument("log scanner: line limits must be positive");
   for (const auto& k : search_.keywords())
     if (k.find_first_of("\r\n") != std::string::npos)
       throw std::invalid_argument("log scanner: a keyword cannot hold a line end");
 }
-
-namespace {
 
 // Line ends inside one region of bytes [0, size) that ends right after a line end: '\n', "\r\n" or a lone '\r'.
 class Region {
@@ -160,6 +210,47 @@ class Region {
         if (d_[i] == '\r' && !(i + 1 < size_ && d_[i + 1] == '\n')) ++count;
     return count;
   }
+  // The first line among those ending in [from, to) (from: a line start) whose end `test` takes, shorter than
+  // `longest`: the index of its line end, its groups in *groups and the lines ending before it in *before; `to`
+  // when there is none (*before then counts them all).
+  std::size_t first_line_end_hit(std::size_t from, std::size_t to, const LineEndTest& test, std::size_t longest,
+                                 std::uint64_t* before, std::uint64_t* groups) {
+    std::uint64_t count = 0;
+    std::size_t line_start = from;
+    if (!has_cr_) {  // every line ends at a '\n'
+      while (line_start < to) {
+        const void* nl = std::memchr(d_ + line_start, '\n', to - line_start);
+        if (nl == nullptr) break;
+        const std::size_t at = static_cast<std::size_t>(static_cast<const char*>(nl) - d_);
+        if (at - line_start < longest && test.may_end_with_head(d_ + line_start, d_ + at)) {
+          if (std::uint64_t g = test.at_end(d_ + line_start, d_ + at)) {
+            *groups = g;
+            *before = count;
+            return at;
+          }
+        }
+        ++count;
+        line_start = at + 1;
+      }
+      *before = count;
+      return to;
+    }
+    while (line_start < to) {
+      const std::size_t end = end_of_line(line_start);
+      if (end >= to) break;
+      if (end - line_start < longest) {
+        if (std::uint64_t g = test.at_end(d_ + line_start, d_ + end)) {
+          *groups = g;
+          *before = count;
+          return end;
+        }
+      }
+      ++count;
+      line_start = after(end);
+    }
+    *before = count;
+    return to;
+  }
   // The line that ends just before `next_start` (a line start > floor): its [start, end).
   std::pair<std::size_t, std::size_t> line_before(std::size_t floor, std::size_t next_start) const {
     std::size_t end = next_start - 1;
@@ -175,16 +266,19 @@ class Region {
   bool known_ = false;
 };
 
-}  // namespace
 
 void LogScanner::emit(std::uint64_t number, bool hit, std::string_view text) {
   out_.push_back(ScannedLine{number, hit, std::string(text), 0});
   emitted_through_ = number;
 }
 
-void LogScanner::emit_hit(std::uint64_t number, std::string_view text) {
-  out_.push_back(ScannedLine{number, true, std::string(text), search_.present(text)});
+void LogScanner::emit_hit(std::uint64_t number, std::string_view text, std::uint64_t groups) {
+  out_.push_back(ScannedLine{number, true, std::string(text), search_.present(text) | groups});
   emitted_through_ = number;
+}
+
+std::uint64_t LogScanner::ends_with_head(std::string_view text, bool whole) const {
+  return whole ? line_ends_.at_end(text.data(), text.data() + text.size()) : 0;
 }
 
 void LogScanner::remember(std::uint64_t number, std::string_view text) {
@@ -215,17 +309,36 @@ void LogScanner::context_before(std::uint64_t number, std::vector<std::pair<std:
 
 void LogScanner::line(std::string_view text) {
   const std::uint64_t number = ++lines_;
-  const bool hit = search_.find(text) != std::string_view::npos;
+  // a line as long as the cut may have been cut: its end is not the line's
+  const std::uint64_t head_groups = ends_with_head(text, text.size() < limits_.max_line_bytes);
+  const bool hit = head_groups != 0 || search_.find(text) != std::string_view::npos;
   if (hit) {
     ++hits_;
     context_before(number, {});
-    emit_hit(number, text);
-    emit_next_ = true;
-  } else if (emit_next_) {
+    emit_hit(number, text, head_groups);
+    after_left_ = limits_.lines_after;
+  } else if (after_left_ > 0) {
     emit(number, false, text);
-    emit_next_ = false;
+    --after_left_;
   }
   remember(number, text);
+}
+
+void LogScanner::hit_in_region(Region& r, const char* d, std::uint64_t number, std::size_t start, std::size_t end,
+                               std::uint64_t groups) {
+  const std::size_t cut = limits_.max_line_bytes;
+  std::vector<std::pair<std::uint64_t, std::string_view>> before;
+  std::size_t next_start = start;
+  for (std::uint64_t k = 1; k <= limits_.context_lines && next_start > 0 && number - k > emitted_through_; ++k) {
+    auto [s, e] = r.line_before(0, next_start);
+    before.emplace_back(number - k, std::string_view(d + s, std::min({e - s, cut, limits_.context_line_bytes})));
+    next_start = s;
+  }
+  lines_ = number;
+  ++hits_;
+  context_before(number, std::move(before));
+  emit_hit(number, std::string_view(d + start, std::min(end - start, cut)), groups);
+  after_left_ = limits_.lines_after;
 }
 
 void LogScanner::region(const char* d, std::size_t size) {
@@ -233,19 +346,34 @@ void LogScanner::region(const char* d, std::size_t size) {
   const std::size_t cut = limits_.max_line_bytes;
   std::size_t pos = 0;
   while (pos < size) {
-    if (emit_next_) {  // the line right after a hit is handed out whatever it holds
+    if (after_left_ > 0) {  // the lines right after a hit are handed out whatever they hold
       std::size_t end = r.end_of_line(pos);
       line(std::string_view(d + pos, std::min(end - pos, cut)));
       pos = r.after(end);
       continue;
     }
     std::size_t found = search_.find(std::string_view(d + pos, size - pos));
+    const std::size_t keyword_line = found == std::string_view::npos ? size : r.start_of_line(pos, found + pos);
+    if (!line_ends_.empty()) {  // a line before it that ends with a keyword's head is a hit first
+      std::uint64_t before = 0, groups = 0;
+      const std::size_t end = r.first_line_end_hit(pos, keyword_line, line_ends_, cut, &before, &groups);
+      if (end < keyword_line) {
+        const std::size_t start = r.start_of_line(pos, end);
+        hit_in_region(r, d, lines_ + before + 1, start, end, groups);
+        pos = r.after(end);
+        continue;
+      }
+      if (found == std::string_view::npos) {
+        lines_ += before;
+        break;
+      }
+    }
     if (found == std::string_view::npos) {
       lines_ += r.lines_ending(pos, size);
       break;
     }
     found += pos;
-    const std::size_t start = r.start_of_line(pos, found);
+    const std::size_t start = keyword_line;
     const std::size_t end = r.end_of_line(found);
     const std::uint64_t number = lines_ + r.lines_ending(pos, start) + 1;
     const std::string_view text(d + start, std::min(end - start, cut));
@@ -255,18 +383,7 @@ void LogScanner::region(const char* d, std::size_t size) {
       pos = r.after(end);
       continue;
     }
-    std::vector<std::pair<std::uint64_t, std::string_view>> before;
-    std::size_t next_start = start;
-    for (std::uint64_t k = 1; k <= limits_.context_lines && next_start > 0 && number - k > emitted_through_; ++k) {
-      auto [s, e] = r.line_before(0, next_start);
-      before.emplace_back(number - k, std::string_view(d + s, std::min({e - s, cut, limits_.context_line_bytes})));
-      next_start = s;
-    }
-    lines_ = number;
-    ++hits_;
-    context_before(number, std::move(before));
-    emit_hit(number, text);
-    emit_next_ = true;
+    hit_in_region(r, d, number, start, end, ends_with_head(text, end - start < cut));
     pos = r.after(end);
   }
   // The region's last lines are the context of a hit early in the next one.

@@ -301,11 +301,15 @@ def read_flight_recorder(flight_recorder: object, source: str, include_collectiv
 MIN_KEYWORD_BYTES: int
 
 class Scanner:
-    """Splits a byte stream into lines (cut at max_line_bytes) and hands out the lines holding a keyword, the
-    line after each and the up to context_lines lines before each (cut at context_line_bytes), once each."""
+    """Splits a byte stream into lines (cut at max_line_bytes) and hands out the lines holding a keyword or ending
+    with one of line_end_heads (a keyword's head, its rest on the next line), the lines_after lines after each and
+    the up to context_lines lines before each (cut at context_line_bytes), once each; a hit carries the groups of
+    what it holds (bit groups[i] for keyword i, default bit i; bit line_end_groups[i] for head i)."""
 
     def __init__(self, keywords: Sequence[bytes], max_line_bytes: int = 16384, context_lines: int = 64,
-                 context_line_bytes: int = 1024) -> None: ...
+                 context_line_bytes: int = 1024, groups: Optional[Sequence[int]] = None,
+                 lines_after: int = 1, line_end_heads: Optional[Sequence[bytes]] = None,
+                 line_end_groups: Optional[Sequence[int]] = None) -> None: ...
     def feed(self, data: Union[bytes, bytearray, memoryview]) -> list[tuple[int, bool, bytes, int]]: ...
     def finish(self) -> list[tuple[int, bool, bytes, int]]: ...
     @property

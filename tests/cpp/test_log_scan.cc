@@ -70,3 +70,64 @@ TEST(LogScanner, AnOverlongLineIsCutAndItsRestNeverKept) {
   // a keyword beyond the cut does not make a hit
   EXPECT_TRUE(scan(std::string(40, 'y') + "invalid device ordinal\n", 7, limits).empty());
 }
+
+TEST(KeywordSearch, GroupsNameTheBitsAKeywordSets) {
+  // two fragments of one message in one group: a line holding either sets that group's bit only
+  KeywordSearch search({"Duplicate GP", "PU detected", "invalid dev", "ice ordinal"}, {3, 3, 0, 0});
+  EXPECT_EQ(search.present("Duplicate GPU detected"), 1ULL << 3);
+  EXPECT_EQ(search.present("CUDA error: invalid device"), 1ULL << 0);
+  EXPECT_EQ(search.present("ordinal ... PU detected"), 1ULL << 3);
+  EXPECT_EQ(search.present("nothing"), 0u);
+  EXPECT_THROW(KeywordSearch({"abcd", "efgh"}, {0}), std::invalid_argument);   // one group per keyword
+  EXPECT_THROW(KeywordSearch({"abcd"}, {64}), std::invalid_argument);          // beyond the mask
+  std::vector<std::string> many(65, "abcd");
+  EXPECT_THROW(KeywordSearch{many}, std::invalid_argument);                     // 65 bits without groups
+  EXPECT_NO_THROW(KeywordSearch(many, std::vector<std::uint8_t>(65, 1)));
+}
+
+TEST(LogScanner, LinesAfterAHitAreHandedOutUpToTheLimitEvenAcrossReads) {
+  LogScanLimits limits;
+  limits.context_lines = 1;
+  limits.lines_after = 3;
+  const std::string log = "a\nb\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA\ndevice\n1000\nc\nd\ne\n";
+  for (std::size_t piece : {1u, 2u, 5u, 1000u}) {
+    EXPECT_EQ(describe(scan(log, piece, limits)), "2 b|3*Duplicate GPU detected : rank 1 and rank 0 both on CUDA|"
+                                                  "4 device|5 1000|6 c|")
+        << "piece " << piece;
+  }
+  limits.lines_after = 0;
+  EXPECT_EQ(describe(scan(log, 7, limits)), "2 b|3*Duplicate GPU detected : rank 1 and rank 0 both on CUDA|");
+}
+
+TEST(LineEndTest, AHeadAtALinesEndBlanksAsideIsFoundAndNothingElse) {
+  gpuguard::LineEndTest test({"gpuguard_s", "NCCL DIA"}, {4, 9});
+  auto at_end = [&](const std::string& line) { return test.at_end(line.data(), line.data() + line.size()); };
+  EXPECT_EQ(at_end("[rank0]: {\"gpuguard_s"), 1ULL << 4);
+  EXPECT_EQ(at_end("node042:12345 NCCL DIA \t\r"), 1ULL << 9);   // blanks and a '\r' after it
+  EXPECT_EQ(at_end("NCCL DIAG"), 0u);                              // more than the head: the keyword is whole
+  EXPECT_EQ(at_end("gpuguard_s in the middle"), 0u);
+  EXPECT_EQ(at_end("s"), 0u);
+  EXPECT_THROW(gpuguard::LineEndTest({"ab"}, {0}), std::invalid_argument);     // too short
+  EXPECT_THROW(gpuguard::LineEndTest({"abc "}, {0}), std::invalid_argument);   // ends in a blank
+  EXPECT_THROW(gpuguard::LineEndTest({"abc"}, {64}), std::invalid_argument);   // beyond the mask
+}
+
+TEST(LogScanner, ALineEndingWithAHeadIsAHitHoweverTheBytesArrive) {
+  LogScanLimits limits;
+  limits.context_lines = 0;
+  limits.lines_after = 1;
+  const std::string log = "ok\nRuntimeError: CUDA error: invalid dev\nice ordinal\nlast\n";
+  for (std::size_t piece : {1u, 3u, 1000u}) {
+    LogScanner scanner({"Duplicate GPU detected"}, limits, {}, gpuguard::LineEndTest({"invalid dev"}, {5}));
+    std::vector<ScannedLine> out;
+    for (std::size_t at = 0; at < log.size(); at += piece) {
+      scanner.feed(std::string_view(log).substr(at, piece));
+      for (auto& l : scanner.take()) out.push_back(l);
+    }
+    scanner.finish();
+    for (auto& l : scanner.take()) out.push_back(l);
+    EXPECT_EQ(describe(out), "2*RuntimeError: CUDA error: invalid dev|3 ice ordinal|") << "piece " << piece;
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out[0].keywords, 1ULL << 5);
+  }
+}

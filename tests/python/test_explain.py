@@ -388,7 +388,8 @@ def test_cli_explain_json_stdin_and_exit_codes(monkeypatch, capsys, tmp_path):
     doc = json.loads(out)
     assert doc["recognised"] is True and doc["lines_read"] == 2
     assert set(doc["diagnoses"][0]) == {"kind", "summary", "ranks", "devices", "cause", "fix", "evidence",
-                                        "occurrences"}
+                                        "occurrences", "unreadable"}
+    assert doc["diagnoses"][0]["unreadable"] == []
     assert doc["diagnoses"][0]["evidence"][0] == {"line": 1, "text": NCCL_230.splitlines()[0][len("[rank2]:"):]}
 
     code, out, _ = run_main(monkeypatch, capsys, ["explain", "--json", "--no-local"], stdin="all good here\n")

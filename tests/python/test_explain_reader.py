@@ -22,28 +22,37 @@ from gpuguard.explain import explain
 ENV = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
 
 
-def reference(data: bytes, keywords, max_line: int, context: int, context_bytes: int):
+def reference(data: bytes, keywords, max_line: int, context: int, context_bytes: int, lines_after: int = 1,
+              groups=None, heads=(), head_groups=()):
     """What the scanner must hand out, written the obvious way: every line, every keyword test, in Python."""
+    groups = groups if groups is not None else list(range(len(keywords)))
     lines = re.split(rb"\r\n|\r|\n", data)
     if lines and lines[-1] == b"":
         lines.pop()
-    out, emitted, after_hit = [], 0, False
+    out, emitted, after = [], 0, 0
     for i, line in enumerate(lines, 1):
         cut = line[:max_line]
-        if any(k in cut for k in keywords):
+        end = cut.rstrip(b" \t\r") if len(cut) < max_line else b""   # a cut line's end is not seen
+        head_mask = sum(1 << g for h, g in zip(heads, head_groups) if end.endswith(h))
+        if head_mask or any(k in cut for k in keywords):
             for j in range(max(1, i - context), i):
                 if j > emitted:
                     out.append((j, False, lines[j - 1][:min(context_bytes, max_line)], 0))
-            out.append((i, True, cut, sum(1 << n for n, k in enumerate(keywords) if k in cut)))
-            emitted, after_hit = i, True
-        elif after_hit:
+            mask = head_mask
+            for k, g in zip(keywords, groups):
+                if k in cut:
+                    mask |= 1 << g
+            out.append((i, True, cut, mask))
+            emitted, after = i, lines_after
+        elif after:
             out.append((i, False, cut, 0))
-            emitted, after_hit = i, False
+            emitted, after = i, after - 1
     return out, len(lines)
 
 
-def scan(data: bytes, keywords, max_line: int, context: int, context_bytes: int, cuts):
-    scanner = _core.Scanner(keywords, max_line, context, context_bytes)
+def scan(data: bytes, keywords, max_line: int, context: int, context_bytes: int, cuts, lines_after: int = 1,
+         groups=None, heads=None, head_groups=None):
+    scanner = _core.Scanner(keywords, max_line, context, context_bytes, groups, lines_after, heads, head_groups)
     out, pos = [], 0
     for cut in cuts:
         out += scanner.feed(data[pos:pos + cut])
@@ -65,6 +74,34 @@ def test_the_scan_hands_out_exactly_what_a_line_by_line_reading_would_however_th
         cuts = [rnd.randint(0, 40) for _ in range(rnd.randint(0, 6))]
         assert scan(data, keywords, max_line, context, context_bytes, cuts) == \
             reference(data, keywords, max_line, context, context_bytes), (case, data, max_line, context, cuts)
+
+
+def test_groups_lines_after_and_line_end_heads_hand_out_what_a_line_by_line_reading_would():
+    rnd = random.Random(20270105)
+    keywords, groups = [b"KEYWORD", b"needle!", b"abcd"], [2, 0, 2]
+    heads, head_groups = [b"KEY", b"need", b"ab\tcd"], [1, 0, 3]
+    pieces = [b"a", b"b", b"c", b"d", b"\n", b"\r", b"\r\n", b"KEYWORD", b"needle!", b"x" * 50, b" ", b"KEY",
+              b"need", b"\t", b"\x00", b"\xff", b"ab\tcd"]
+    for case in range(2000):
+        data = b"".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 200)))
+        max_line, context, context_bytes = rnd.choice([4, 7, 10, 50, 1000]), rnd.choice([0, 1, 5, 64]), \
+            rnd.choice([1, 3, 1000])
+        lines_after = rnd.choice([0, 1, 2, 5])
+        cuts = [rnd.randint(0, 40) for _ in range(rnd.randint(0, 6))]
+        assert scan(data, keywords, max_line, context, context_bytes, cuts, lines_after, groups, heads,
+                    head_groups) == reference(data, keywords, max_line, context, context_bytes, lines_after, groups,
+                                              heads, head_groups), (case, data, max_line, context, lines_after, cuts)
+
+
+def test_the_scanner_refuses_heads_and_groups_it_cannot_use():
+    with pytest.raises(ValueError, match="line-end head 'ab'"):
+        _core.Scanner([b"word"], line_end_heads=[b"ab"], line_end_groups=[0])
+    with pytest.raises(ValueError, match="ends in a blank"):
+        _core.Scanner([b"word"], line_end_heads=[b"abc "], line_end_groups=[0])
+    with pytest.raises(ValueError, match="out of range"):
+        _core.Scanner([b"word"], groups=[64])
+    with pytest.raises(ValueError, match="one group per"):
+        _core.Scanner([b"word", b"more"], groups=[0])
 
 
 def test_a_keyword_past_the_line_cut_does_not_count_and_the_rest_of_the_line_is_never_kept():

@@ -36,40 +36,79 @@ PyObject* lines_to_list(std::vector<gpuguard::ScannedLine> lines) {
   return list;
 }
 
-int scanner_init(ScannerObject* self, PyObject* args, PyObject* kwargs) {
-  static const char* names[] = {"keywords", "max_line_bytes", "context_lines", "context_line_bytes", nullptr};
-  PyObject* keywords = nullptr;
-  gpuguard::LogScanLimits limits;
-  Py_ssize_t max_line = static_cast<Py_ssize_t>(limits.max_line_bytes);
-  Py_ssize_t context_lines = static_cast<Py_ssize_t>(limits.context_lines);
-  Py_ssize_t context_bytes = static_cast<Py_ssize_t>(limits.context_line_bytes);
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|nnn", const_cast<char**>(names), &keywords, &max_line,
-                                   &context_lines, &context_bytes))
-    return -1;
-  if (max_line <= 0 || context_lines < 0 || context_bytes <= 0) {
-    PyErr_SetString(PyExc_ValueError, "Scanner: max_line_bytes and context_line_bytes must be positive, "
-                                      "context_lines not negative");
-    return -1;
-  }
-  PyObject* seq = PySequence_Fast(keywords, "Scanner: keywords must be a sequence of bytes");
-  if (seq == nullptr) return -1;
-  std::vector<std::string> words;
+// A sequence of bytes (UTF-8 keywords) into `out`; false with a Python error set when it is not one.
+bool bytes_list(PyObject* items, const char* what, std::vector<std::string>* out) {
+  PyObject* seq = PySequence_Fast(items, "Scanner: expected a sequence of bytes");
+  if (seq == nullptr) return false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
     PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
     if (!PyBytes_Check(item)) {
       Py_DECREF(seq);
-      PyErr_SetString(PyExc_TypeError, "Scanner: every keyword must be bytes (UTF-8)");
-      return -1;
+      PyErr_Format(PyExc_TypeError, "Scanner: every one of %s must be bytes (UTF-8)", what);
+      return false;
     }
-    words.emplace_back(PyBytes_AS_STRING(item), static_cast<std::size_t>(PyBytes_GET_SIZE(item)));
+    out->emplace_back(PyBytes_AS_STRING(item), static_cast<std::size_t>(PyBytes_GET_SIZE(item)));
   }
   Py_DECREF(seq);
+  return true;
+}
+
+// A sequence of group numbers (None: none given) into `out`; false with a Python error set when one is invalid.
+bool group_list(PyObject* items, const char* what, std::vector<std::uint8_t>* out) {
+  if (items == Py_None) return true;
+  PyObject* seq = PySequence_Fast(items, "Scanner: expected a sequence of ints");
+  if (seq == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+    long g = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (g == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return false;
+    }
+    if (g < 0 || g >= static_cast<long>(gpuguard::KeywordSearch::kMaxGroups)) {
+      Py_DECREF(seq);
+      PyErr_Format(PyExc_ValueError, "Scanner: %s: group %ld is out of range (0 to %d)", what, g,
+                   static_cast<int>(gpuguard::KeywordSearch::kMaxGroups) - 1);
+      return false;
+    }
+    out->push_back(static_cast<std::uint8_t>(g));
+  }
+  Py_DECREF(seq);
+  return true;
+}
+
+int scanner_init(ScannerObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"keywords", "max_line_bytes", "context_lines", "context_line_bytes", "groups",
+                                "lines_after", "line_end_heads", "line_end_groups", nullptr};
+  PyObject* keywords = nullptr;
+  PyObject* groups = Py_None;
+  PyObject* heads = Py_None;
+  PyObject* head_groups = Py_None;
+  gpuguard::LogScanLimits limits;
+  Py_ssize_t max_line = static_cast<Py_ssize_t>(limits.max_line_bytes);
+  Py_ssize_t context_lines = static_cast<Py_ssize_t>(limits.context_lines);
+  Py_ssize_t context_bytes = static_cast<Py_ssize_t>(limits.context_line_bytes);
+  Py_ssize_t lines_after = static_cast<Py_ssize_t>(limits.lines_after);
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|nnnOnOO", const_cast<char**>(names), &keywords, &max_line,
+                                   &context_lines, &context_bytes, &groups, &lines_after, &heads, &head_groups))
+    return -1;
+  if (max_line <= 0 || context_lines < 0 || context_bytes <= 0 || lines_after < 0) {
+    PyErr_SetString(PyExc_ValueError, "Scanner: max_line_bytes and context_line_bytes must be positive, "
+                                      "context_lines and lines_after not negative");
+    return -1;
+  }
+  std::vector<std::string> words, head_words;
+  std::vector<std::uint8_t> group_of, head_group_of;
+  if (!bytes_list(keywords, "keywords", &words) || !group_list(groups, "groups", &group_of)) return -1;
+  if (heads != Py_None && !bytes_list(heads, "line_end_heads", &head_words)) return -1;
+  if (!group_list(head_groups, "line_end_groups", &head_group_of)) return -1;
   limits.max_line_bytes = static_cast<std::size_t>(max_line);
   limits.context_lines = static_cast<std::size_t>(context_lines);
   limits.context_line_bytes = static_cast<std::size_t>(context_bytes);
+  limits.lines_after = static_cast<std::size_t>(lines_after);
   try {
     delete self->scanner;
-    self->scanner = new gpuguard::LogScanner(std::move(words), limits);
+    self->scanner = new gpuguard::LogScanner(std::move(words), limits, std::move(group_of),
+                                             gpuguard::LineEndTest(std::move(head_words), std::move(head_group_of)));
   } catch (const std::invalid_argument& e) {
     self->scanner = nullptr;
     PyErr_SetString(PyExc_ValueError, e.what());
@@ -132,10 +171,10 @@ PyObject* scanner_hits(ScannerObject* self, void*) {
 
 PyMethodDef scanner_methods[] = {
     {"feed", reinterpret_cast<PyCFunction>(scanner_feed), METH_O,
-     "feed(data) -> [(line_number, is_hit, bytes, keywords)]: the lines handed out from the next bytes of the "
-     "stream; keywords has bit i set when keyword i is in a hit"},
+     "feed(data) -> [(line_number, is_hit, bytes, groups)]: the lines handed out from the next bytes of the "
+     "stream; groups has bit g set when a keyword of group g is in a hit"},
     {"finish", reinterpret_cast<PyCFunction>(scanner_finish), METH_NOARGS,
-     "finish() -> [(line_number, is_hit, bytes, keywords)]: the stream ended; judges a last unterminated line"},
+     "finish() -> [(line_number, is_hit, bytes, groups)]: the stream ended; judges a last unterminated line"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef scanner_getset[] = {
@@ -144,8 +183,10 @@ PyGetSetDef scanner_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 const char kScannerDoc[] =
-    "Scanner(keywords, max_line_bytes=16384, context_lines=64, context_line_bytes=1024): splits a byte stream into "
-    "lines and hands out those holding a keyword, the line after each and the lines before each.";
+    "Scanner(keywords, max_line_bytes=16384, context_lines=64, context_line_bytes=1024, groups=None, lines_after=1, "
+    "line_end_heads=None, line_end_groups=None): splits a byte stream into lines and hands out those holding a "
+    "keyword or ending with one of line_end_heads, the lines_after lines after each and the context_lines lines "
+    "before each; groups[i] is the bit keyword i sets (default: i), line_end_groups[i] the bit head i sets.";
 
 PyType_Slot scanner_slots[] = {
     {Py_tp_doc, const_cast<char*>(kScannerDoc)},

@@ -1,4 +1,5 @@
-"""Reading a log: lines cut at MAX_LINE_CHARS, and the prefixes launchers add stripped to tell who printed each."""
+"""Reading a log: lines cut at MAX_LINE_CHARS, and the prefixes launchers add (who printed each line) and logging
+libraries add (a log header: when, at which level) stripped from the line's head."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any, Iterator, Optional, Union
 
+from .paste_rules import ansi_codes, log_header
+
 # Lines longer than this (in bytes, as read) are cut; the rest of such a line is skipped without being held in
 # memory (by the C++ reader, gpuguard._core.Scanner, for streams; by iter_lines for text).
 MAX_LINE_CHARS = 16 * 1024
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Ray driver output of worker lines: "(RayWorker pid=123)" / "(WorkerDict pid=123, ip=10.0.0.5)" / "(pid=123)"
 # (ray/_private/worker.py, print_worker_logs).
 _RAY_PREFIX = re.compile(r"\((?:(?P<actor>[^\s()]+) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\)\s*")
@@ -44,6 +46,10 @@ class Origin:
     def key(self) -> tuple[Any, ...]:
         return (self.rank, self.local_rank, self.pid, self.host)
 
+    def launcher_key(self) -> tuple[Any, ...]:
+        """What the launcher's prefix says (not NCCL's WARN prefix, which only a message's first line has)."""
+        return (self.rank, self.local_rank, self.pid if self.ray else None, self.host if self.ray else None)
+
     def describe(self) -> str:
         parts = []
         if self.rank is not None:
@@ -58,14 +64,33 @@ class Origin:
 
 
 def strip_prefixes(line: str) -> tuple[str, Origin]:
-    """The line's text without ANSI colours and launcher prefixes, and who printed it."""
-    text = (_ANSI.sub("", line) if "\x1b" in line else line).rstrip("\r\n")
+    """The line's text without ANSI colours, launcher prefixes and log headers, and who printed it."""
+    body, origin, _ = read_prefixes(line)
+    return body, origin
+
+
+def read_prefixes(line: str) -> tuple[str, Origin, bool]:
+    """The line's text without ANSI colours, launcher prefixes and log headers (in any order: "[rank1]:[E1121
+    05:00:00 ...] " as much as "2026-01-05 10:00:00 INFO [rank1]: "), who printed it, and whether a log header
+    opened it (the line is then a record of its own, never the rest of the line before)."""
+    text = ansi_codes(line).rstrip("\r\n")
+    start, origin, header, _ = prefix_end(text)
+    return text[start:], origin, header
+
+
+def prefix_end(text: str) -> tuple[int, Origin, bool, int]:
+    """Where the text after the launcher prefixes and log headers starts in ``text`` (no ANSI codes), who printed
+    it, whether a log header was among them, and where NCCL's WARN prefix ends in ``text`` (0 without one)."""
     origin = Origin()
+    header = False
     pos = 0
-    while True:
+    for _ in range(16):  # prefixes stack a few deep; a line of nothing but prefixes ends the loop too
         while pos < len(text) and text[pos] in " \t":
             pos += 1
-        m = _RAY_PREFIX.match(text, pos)
+        first = text[pos:pos + 1]
+        if not first or not (first in "[(" or first.isalnum()):
+            break  # no prefix starts with anything else
+        m = _RAY_PREFIX.match(text, pos) if first == "(" else None
         if m:
             origin.pid = int(m.group("pid"))
             origin.ray = True
@@ -73,24 +98,32 @@ def strip_prefixes(line: str) -> tuple[str, Origin]:
                 origin.host = m.group("ip")
             pos = m.end()
             continue
-        m = _RANK_PREFIX.match(text, pos) or _NUMBER_PREFIX.match(text, pos)
-        if m:
-            origin.rank = int(m.group("rank"))
-            pos = m.end()
-            continue
-        m = _ROLE_PREFIX.match(text, pos)
-        if m:
-            origin.local_rank = int(m.group("local"))
-            pos = m.end()
+        if first == "[":
+            m = _RANK_PREFIX.match(text, pos) or _NUMBER_PREFIX.match(text, pos)
+            if m:
+                origin.rank = int(m.group("rank"))
+                pos = m.end()
+                continue
+            m = _ROLE_PREFIX.match(text, pos)
+            if m:
+                origin.local_rank = int(m.group("local"))
+                pos = m.end()
+                continue
+        end = log_header(text, pos)
+        if end is not None and end > pos:
+            header = True
+            pos = end
             continue
         break
-    body = text[pos:]
-    m = _NCCL_WARN_PREFIX.search(body, 0, _NCCL_WARN_HEAD)
+    nccl_end = 0
+    head = text[pos:pos + _NCCL_WARN_HEAD]
+    m = _NCCL_WARN_PREFIX.search(head) if " NCCL WARN" in head else None  # (the body's start: its lookbehind's)
     if m:
         origin.host = m.group("host")
         origin.pid = int(m.group("pid"))
         origin.nccl_device = int(m.group("dev"))
-    return body, origin
+        nccl_end = pos + m.end()
+    return pos, origin, header, nccl_end
 
 
 def iter_lines(stream: Union[IO[str], IO[bytes]]) -> Iterator[str]:

@@ -33,6 +33,9 @@ class Diagnosis:
     fix: str
     evidence: tuple[Evidence, ...]
     occurrences: int = 1
+    #: The values the text shows but does not give for certain (a number broken across lines by a paste), each
+    #: named; the summary says so, and cause and fix still hold.
+    unreadable: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +47,7 @@ class Diagnosis:
             "fix": self.fix,
             "evidence": [{"line": e.line, "text": e.text} for e in self.evidence],
             "occurrences": self.occurrences,
+            "unreadable": list(self.unreadable),
         }
 
 
@@ -99,6 +103,13 @@ class Group:
         if self.facts.get("sources"):
             return " in " + "; ".join(self.facts["sources"])
         return ""
+
+    def unreadable(self, what: str) -> None:
+        """Notes a value the text shows but does not give for certain (``what`` names it, e.g. "the PCI bus id NCCL
+        printed"); the diagnosis then says it is unreadable instead of guessing."""
+        notes: dict[str, None] = self.facts.setdefault("unreadable", {})
+        if len(notes) < 8:
+            notes.setdefault(what, None)
 
     def sorted_evidence(self) -> tuple[Evidence, ...]:
         return tuple(sorted(self.evidence))

@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ..lines import strip_prefixes
+from ..lines import Origin, strip_prefixes
 from ..model import Diagnosis, Group
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 _SIZE = r"\d{1,12}(?:\.\d{1,4})? (?:bytes|KiB|MiB|GiB|TiB|PiB)"
 _START = re.compile(rf"CUDA out of memory\. Tried to allocate (?P<request>{_SIZE})\. GPU (?P<gpu>\d{{1,5}}) has a "
@@ -33,6 +33,7 @@ _PROCESS = re.compile(rf"(?:Process (?P<pid>\d{{1,10}})|Including non-PyTorch me
 _ALLOCATED = re.compile(rf"Of the allocated memory (?P<allocated>{_SIZE}) is allocated by PyTorch(?:, and "
                         rf"(?P<unallocated>{_SIZE}) is reserved by PyTorch but unallocated)?")
 _START_WORDS = "CUDA out of memory. Tried to allocate"
+_NO_ORIGIN = (None, None, None, None)
 #: Pieces of one wrapped message looked back over.
 MAX_PIECES = 24
 #: Messages kept per kind (each rank of a job may print one).
@@ -127,31 +128,45 @@ def parse_message(text: str) -> Optional[OomMessage]:
                       else None)
 
 
-def _assemble(line: Line) -> Optional[tuple[int, str]]:
-    """(line number of its first piece, the whole message) for the message ``line`` completes: the line alone, or
-    the line with the pieces of the same process before it that a terminal or viewer broke off."""
-    text, number = line.body, line.number
-    at = text.find(_START_WORDS)
+def _assemble(line: Line) -> Optional[tuple[int, list[str], Origin]]:
+    """(line number of its first piece, the whole message read each way its breaks may join) for the message
+    ``line`` completes: the line alone, or the line with the pieces of the same process before it that a terminal,
+    a viewer or the program broke off. A long message breaks at many places and the text may not say how each
+    joins; the readings are the two a single wrapper makes (a terminal keeps every character; a viewer or a person
+    breaks at spaces, which the pieces lost), each piece's own indentation left out."""
+    number, origin = line.number, line.origin
+    at = line.body.find(_START_WORDS)
     if at >= 0:
-        return number, text[at:]
-    # the separator before a piece: a prefixed piece (the program broke its message) or an indented one (a viewer's
-    # soft wrap) after one space; a terminal's wrap keeps every character, so nothing
-    separator = " " if line.origin.key() != (None, None, None, None) else ""
+        return number, [line.body[at:]], origin
+    pieces = [_text(line.printed) if line.printed is not None else line.body]
     for ctx_number, ctx_raw in itertools.islice(reversed(line.context), MAX_PIECES):
         if ctx_number >= number:  # the explainer joined that piece to this line already
             continue
         if ctx_number != number - 1:
             return None  # a gap: not one message
-        piece, origin = strip_prefixes(ctx_raw)
-        if origin.key() != line.origin.key():
-            return None  # another process's line
-        text = (piece.rstrip() + " " + text.lstrip()) if separator else piece + text
+        _, above = strip_prefixes(ctx_raw)
+        if origin.key() != _NO_ORIGIN and above.key() != origin.key():
+            return None  # another process's line (a piece without a prefix may go on a prefixed line)
+        origin = above
+        pieces.insert(0, _text(ctx_raw))
         number = ctx_number
+        if _START_WORDS in "".join(pieces) or _START_WORDS in " ".join(p.strip() for p in pieces):
+            break
+    else:
+        return None
+    readings = []
+    for text in ("".join(pieces), " ".join(p.strip() for p in pieces)):
         at = text.find(_START_WORDS)
-        if at >= 0:
-            return number, text[at:]
-        separator = " " if ctx_raw[:1] in (" ", "\t") or origin.key() != (None, None, None, None) else ""
-    return None
+        if at >= 0 and text[at:] not in readings:
+            readings.append(text[at:])
+    return (number, readings, origin) if readings else None
+
+
+def _text(printed: str) -> str:
+    """A piece of a broken message: without its prefixes when it has some (the program printed it again), as it
+    is otherwise (a terminal may have broken the line just before a blank)."""
+    body, origin = strip_prefixes(printed)
+    return body if origin.key() != _NO_ORIGIN or body != printed.lstrip() else printed.rstrip("\r\n")
 
 
 class CudaOutOfMemory(Recogniser):
@@ -163,31 +178,66 @@ class CudaOutOfMemory(Recogniser):
                 "Memory Management")
     patterns = (_START, _PROCESS, _ALLOCATED)
     help = "torch's CUDA out-of-memory error (who holds the GPU's memory)"
+    examples = (
+        # awslabs/keys_values#92 (torch 2.9 era wording), rank 0 of a 4-rank job: three other ranks hold 414 MiB each
+        Example("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 572.00 MiB. GPU 0 has a total "
+                "capacity of 39.49 GiB of which 321.31 MiB is free. Process 3721648 has 414.00 MiB memory in use. "
+                "Including non-PyTorch memory, this process has 37.46 GiB memory in use. Process 1374765 has 414.00 "
+                "MiB memory in use. Process 1374763 has 414.00 MiB memory in use. Process 1374764 has 414.00 MiB "
+                "memory in use. Of the allocated memory 36.04 GiB is allocated by PyTorch, and 321.37 MiB is reserved "
+                "by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+                "PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+                "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n",
+                "oom_stray_contexts", (0,), ("pid 1374764 414.00 MiB", "this process 37.46 GiB")),
+        # rwth-i6/returnn#1649 (torch 2.2+ wording): the crashed previous run still holds 71.62 GiB
+        Example("OutOfMemoryError: CUDA out of memory. Tried to allocate 290.00 MiB. GPU 0 has a total capacity of "
+                "93.00 GiB of which 134.94 MiB is free. Process 118636 has 71.62 GiB memory in use. Including "
+                "non-PyTorch memory, this process has 21.24 GiB memory in use. Of the allocated memory 19.85 GiB is "
+                "allocated by PyTorch, and 731.17 MiB is reserved by PyTorch but unallocated. If reserved but "
+                "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+                "fragmentation.\n", "oom_other_process", (), ("pid 118636 71.62 GiB",)),
+        # qingze-bai/VSmTrans#3 (torch 2.2+ wording): nobody but this process
+        Example("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 226.00 MiB. GPU 0 has a total capacity "
+                "of 15.70 GiB of which 210.38 MiB is free. Including non-PyTorch memory, this process has 15.48 GiB "
+                "memory in use. Of the allocated memory 14.81 GiB is allocated by PyTorch, and 336.73 MiB is reserved "
+                "by PyTorch but unallocated.\n", "oom_genuine", (), ("this process 15.48 GiB",)),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         assembled = _assemble(line)
         if assembled is None:
             return False
-        first, text = assembled
-        if "Of the allocated memory" not in text:
+        first, readings, origin = assembled
+        if all("Of the allocated memory" not in text for text in readings):
             # the message goes on past this line: a later piece (with a keyword) reads it whole
-            return _START.search(text) is not None
-        message = parse_message(text)
-        if message is None:
+            return any(_START.search(text) is not None for text in readings)
+        parsed = [(text, m) for text in readings for m in [parse_message(text)] if m is not None]
+        if not parsed:
             return False
+        # the reading that lists the most (a join that glued two words loses a process), then the first
+        text, message = max(parsed, key=lambda tm: (len(tm[1].processes), tm[1].allocated is not None))
+        listing = text[:text.find("Of the allocated memory")]
+        if "".join(listing.split()).count("memoryinuse") > len(message.processes):
+            # a process the text lists that no reading of its breaks reads whole: who holds the memory, and so the
+            # kind of shortage, cannot be told (never a "no other process" the text does not say)
+            return True
+        if any(m != message for _, m in parsed):
+            # the breaks join two ways that read different numbers: the diagnosis without them
+            groups(message.kind()).unreadable("the sizes and processes torch listed (the message is broken "
+                                              "across lines where the text does not tell how the pieces join)")
         group = groups(message.kind())
         messages: dict[tuple, tuple[Optional[int], OomMessage]] = group.facts.setdefault("messages", {})
-        key = (line.origin.key(), first)
+        key = (origin.key(), first)
         if key in messages:  # a later piece of the same message: the longer text says more
-            messages[key] = (line.origin.rank, message)
+            messages[key] = (origin.rank, message)
             return True
         if any(k[0] == key[0] and m == message for k, (_, m) in messages.items()):
             group.occurrences += 1  # the same message printed again (a chained exception, a logger echoing it)
             return True
         if len(messages) < MAX_MESSAGES:
-            messages[key] = (line.origin.rank, message)
-        group.add(first, text, ranks=(line.origin.rank,), devices=(f"cuda:{message.gpu}",))
-        group.source(line.origin)
+            messages[key] = (origin.rank, message)
+        group.add(first, text, ranks=(origin.rank,), devices=(f"cuda:{message.gpu}",))
+        group.source(origin)
         return True
 
     def build(self, kind: str, group: Group, host: Host) -> Diagnosis:

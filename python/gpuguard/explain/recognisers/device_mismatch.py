@@ -6,7 +6,7 @@ import re
 from typing import Optional
 
 from ..model import MAX_DEVICES, Diagnosis, Group
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # ATen, aten/src/ATen/core/op_registration/adaption.cpp (common_device_check_failure), up to torch 2.5:
 #   "Expected all tensors to be on the same device, but found at least two devices, cuda:3 and cuda:1!
@@ -23,13 +23,27 @@ _MISMATCH_GOT = re.compile(
     r"different from other tensors on (?P<b>[\w:]{1,64})(?: \(when checking argument in method (?P<method>[\w.]{1,256})\))?")
 
 
+# A device whose index a paste broke across lines where the break cannot be told.
+UNREADABLE_DEVICE = "an unreadable device"
+
+
 class DeviceMismatch(Recogniser):
     """Inputs of one operation on two devices (GPU and GPU, or GPU and CPU)."""
 
     kinds = ("device_mismatch",)
-    keywords = ("to be on the same",)
+    keywords = ("Expected all tensors to be on the same",)
     patterns = (_MISMATCH_TWO, _MISMATCH_GOT)
     help = "PyTorch 'Expected all tensors to be on the same device'"
+    examples = (
+        # adaption.cpp up to torch 2.5, under torch's per-rank excepthook prefix
+        Example("[rank2]: RuntimeError: Expected all tensors to be on the same device, but found at least two devices, "
+                "cuda:3 and cuda:1! (when checking argument for argument mat1 in method wrapper_CUDA_addmm)\n",
+                "device_mismatch", (2,), ("cuda:3 and cuda:1", "argument mat1 of wrapper_CUDA_addmm")),
+        # torch >= 2.6's wording
+        Example("RuntimeError: Expected all tensors to be on the same device, but got index is on cpu, different from "
+                "other tensors on cuda:0 (when checking argument in method wrapper_CUDA__index_select)\n",
+                "device_mismatch", (), ("cpu and cuda:0", "argument index of wrapper_CUDA__index_select")),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         body, origin = line.body, line.origin
@@ -37,10 +51,13 @@ class DeviceMismatch(Recogniser):
         if not m:
             return False
         group = groups("device_mismatch")
-        group.add(line.number, body, ranks=(origin.rank,), devices=(m.group("a"), m.group("b")))
+        a, b = line.value(m, "a"), line.value(m, "b")
+        if a is None or b is None:
+            group.unreadable("a device PyTorch named")
+        group.add(line.number, body, ranks=(origin.rank,), devices=[d for d in (a, b) if d is not None])
         group.source(origin)
         pairs = group.facts.setdefault("pairs", {})
-        pair = (m.group("a"), m.group("b"))
+        pair = (a or UNREADABLE_DEVICE, b or UNREADABLE_DEVICE)
         if pair in pairs or len(pairs) < MAX_DEVICES:
             pairs.setdefault(pair, set())
             arg, method = m.groupdict().get("arg"), m.groupdict().get("method")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..model import MAX_DEVICES, MAX_RANKS, Diagnosis, Group, ranks_phrase, ranks_text
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..model import MAX_DEVICES, MAX_RANKS, Diagnosis, Group, ranks_phrase
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # NCCL <= 2.29, src/init.cc (initTransportsRank):
 #   WARN("Duplicate GPU detected : rank %d and rank %d both on CUDA device %lx", rank, i, busId)
@@ -17,6 +17,8 @@ _DUPLICATE = re.compile(
 #   WARN("Multiple Ranks are using the same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this "
 #        "configuration.")
 _MULTI_RANK = re.compile(r"Multiple Ranks are using the same GPU/Partition")
+# The bus id of a device whose number a paste broke across lines where the break cannot be told.
+UNREADABLE_BUS = "a GPU whose PCI bus id is unreadable"
 
 
 def nccl_device_to_pci_bus_id(number: str) -> Optional[str]:
@@ -62,6 +64,20 @@ class DuplicateGpu(Recogniser):
     keywords = ("Duplicate GPU detected", "Multiple Ranks are using the same GPU")
     patterns = (_DUPLICATE, _MULTI_RANK)
     help = "NCCL duplicate-GPU errors"
+    examples = (
+        # NCCL <= 2.29's WARN as torch raises it (NCCLUtils: "Last error:" then NCCL's text); 1000 = 0000:01:00.0
+        Example("[rank1]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+                "[rank1]: Last error:\n"
+                "[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000\n",
+                "duplicate_gpu", (0, 1), ("0000:01:00.0",)),
+        # the same WARN under NCCL's own line prefix (src/debug.cc), a bus id with letters
+        Example("node7:2811:2811 [3] init.cc:1027 NCCL WARN Duplicate GPU detected : rank 7 and rank 5 both on CUDA "
+                "device 1a000\n", "duplicate_gpu", (5, 7), ("0000:1a:00.0",)),
+        # NCCL >= 2.30 (src/init.cc), under torchrun's per-rank prefix
+        Example("[rank2]:node7:4242:4242 [0] init.cc:1141 (initTransportsRank) NCCL WARN Multiple Ranks are using the "
+                "same GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.\n",
+                "duplicate_gpu", (2,), ("cuda:0",)),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         body, origin = line.body, line.origin
@@ -70,15 +86,25 @@ class DuplicateGpu(Recogniser):
             group = groups("duplicate_gpu")
             # (host, pci bus id) -> ranks, as NCCL's pairs join them; the number NCCL printed for it
             dup_ranks: dict[tuple[str, str], _UnionFind] = group.facts.setdefault("dup_ranks", {})
-            dup_numbers: dict[tuple[str, str], str] = group.facts.setdefault("dup_numbers", {})
-            a, b, number = int(m.group("a")), int(m.group("b")), m.group("dev")
-            bus = nccl_device_to_pci_bus_id(number) or f"NCCL device {number}"
+            dup_numbers: dict[tuple[str, str], Optional[str]] = group.facts.setdefault("dup_numbers", {})
+            a, b, number = line.integer(m, "a"), line.integer(m, "b"), line.value(m, "dev")
+            if a is None or b is None:
+                group.unreadable("a rank NCCL named")
+            if number is None:
+                group.unreadable("the CUDA device (PCI bus id) NCCL named")
+                bus = UNREADABLE_BUS
+            else:
+                bus = nccl_device_to_pci_bus_id(number) or f"NCCL device {number}"
             key = (origin.host or "", bus)
             if key not in dup_ranks and len(dup_ranks) >= MAX_DEVICES:
                 return True
             uf = dup_ranks.setdefault(key, _UnionFind())
             if len(uf.parent) < MAX_RANKS:
-                uf.union(a, b)
+                if a is not None and b is not None:
+                    uf.union(a, b)
+                for r in (a, b):
+                    if r is not None:
+                        uf.find(r)
             dup_numbers[key] = number
             group.add(line.number, body, ranks=(a, b, origin.rank))
             if origin.ray:
@@ -106,11 +132,15 @@ class DuplicateGpu(Recogniser):
                 sets.setdefault(uf.find(r), []).append(r)
             where = _where(host, on, bus)
             number = dup_numbers[(on, bus)]
-            label = f"{bus} (NCCL's 'CUDA device {number}')" if not bus.startswith("NCCL") else bus
+            if bus == UNREADABLE_BUS:
+                label = "unreadable: NCCL's device number is broken across lines in this text"
+            else:
+                label = f"{bus} (NCCL's 'CUDA device {number}')" if not bus.startswith("NCCL") else bus
             devices.append(label + (f" {where}" if where else ""))
             for ranks in sets.values():
                 all_sets.append(sorted(ranks))
-                sharing.append(f"ranks {ranks_text(ranks)} share {bus}" + (f" on host {on}" if on else ""))
+                sharing.append(f"{ranks_phrase(ranks)} {'share' if len(ranks) > 1 else 'shares'} {bus}" +
+                               (f" on host {on}" if on else ""))
         multi = group.facts.get("multi_rank_message", False)
         for d in group.devices:
             devices.append(d)
@@ -177,7 +207,7 @@ def _one_gpu_here(host: Host, group: Group) -> str:
 
 def _where(host: Host, on: str, bus: str) -> str:
     """Where a bus id is on this machine, if the log was written here; '' when that cannot be told."""
-    if not host.match_local or bus.startswith("NCCL"):
+    if not host.match_local or bus.startswith("NCCL") or bus == UNREADABLE_BUS:
         return ""
     if on and on != host.name():
         return f"on host {on} (not this host, {host.name()}: not matched to a local GPU)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser, context_field
 
 # torchfrtrace (torch/distributed/flight_recorder/components/builder.py, match_one_event), as the PyTorch tutorial
 # "Flight Recorder for Debugging Stuck Jobs" shows it:
@@ -26,13 +26,26 @@ KIND = "flight_recorder_missing_ranks"
 DUMPED = "flight_recorder_dumped"
 
 
+def _rank_list(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in re.split(r"[, ]+", text) if r)
+
+
 class FlightRecorder(Recogniser):
     """Ranks that never joined a collective (torchfrtrace), and where the flight recorder wrote its traces."""
 
     kinds = (KIND, DUMPED)
-    keywords = ("Not all ranks joining collective", "missing ranks: {", "dumping nccl trace to")
+    keywords = ("Not all ranks joining collective", "missing ranks: {", "dumping nccl trace to ")
     patterns = (_NOT_ALL, _MISSING, _DUMP)
     help = "PyTorch flight recorder dumps and torchfrtrace 'Not all ranks joining collective'"
+    examples = (
+        # torchfrtrace's report, as the PyTorch tutorial "Flight Recorder for Debugging Stuck Jobs" shows it
+        Example("Not all ranks joining collective 5 at entry 4\ngroup info: 0:default_pg\ncollective: nccl:all_reduce\n"
+                "missing ranks: {1}\n", KIND, (1,), ("nccl:all_reduce #5 of group 0:default_pg",)),
+        # ProcessGroupNCCL's dump on a timeout
+        Example("[rank0]:[E1121 05:10:00.123456 ProcessGroupNCCL.cpp:1234] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+                "ProcessGroupNCCL dumping nccl trace to /tmp/nccl_trace_rank_0\n", DUMPED, (0,),
+                ("/tmp/nccl_trace_rank_0",)),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         body = line.body
@@ -40,30 +53,42 @@ class FlightRecorder(Recogniser):
         if m:
             group = groups(KIND)
             group.add(line.number, body.strip())
-            group.facts["seq"] = int(m.group("seq"))
+            seq = line.integer(m, "seq")
+            if seq is None:
+                group.unreadable("the collective's sequence number")
+            else:
+                group.facts["seq"] = seq
             return True
         m = _MISSING.search(body)
         if m:
             group = groups(KIND)
-            ranks = [int(r) for r in re.split(r"[, ]+", m.group("ranks")) if r]
-            group.add(line.number, body.strip(), ranks=ranks[:MAX_RANKS])
+            ranks = line.value(m, "ranks", _rank_list)
+            if ranks is None:
+                group.unreadable("the missing ranks")
+            group.add(line.number, body.strip(), ranks=(ranks or ())[:MAX_RANKS])
             for _, text in list(line.context)[-8:]:  # the entry's own lines above: its collective and group
-                c = _COLLECTIVE.search(text)
-                if c:
-                    group.facts["op"] = c.group("op")
-                g = _GROUP.search(text)
-                if g:
-                    group.facts["group"] = g.group("group")
+                for pattern, key, what in ((_COLLECTIVE, "op", "the collective"), (_GROUP, "group", "the group")):
+                    field = context_field(text, pattern, key)
+                    if field.found and field.value is None:
+                        group.facts.pop(key, None)
+                        group.unreadable(what)
+                    elif field.found:
+                        group.facts[key] = field.value
             return True
         m = _DUMP.search(body)
         if m:
             group = groups(DUMPED)
-            rank = line.origin.rank if line.origin.rank is not None else (
-                int(m.group("rank")) if m.group("rank") else None)
+            said = line.integer(m, "rank")
+            if said is None and m.group("rank"):
+                group.unreadable("the rank")
+            rank = line.origin.rank if line.origin.rank is not None else said
             group.add(line.number, body.strip(), ranks=(rank,))
             paths: dict[str, None] = group.facts.setdefault("paths", {})
-            if len(paths) < 16:
-                paths.setdefault(m.group("path"), None)
+            path = line.value(m, "path")
+            if path is None:
+                group.unreadable("where the trace was written")
+            elif len(paths) < 16:
+                paths.setdefault(path, None)
             return True
         return False
 

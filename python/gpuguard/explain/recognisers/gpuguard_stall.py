@@ -7,13 +7,19 @@ import re
 from typing import Any, Optional
 
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # The shape gpuguard.watch() writes (one line of JSON; any other fields are ignored, any missing one is left out):
 #   {"gpuguard_stall": {"kind": "rank_behind" | "no_progress" | "desync" | "rank_gone", "group": "dp", "seq": 5653,
 #    "op": "ALL_REDUCE", "stuck_ranks": [5], "waiting_ranks": [0, 1, 2, 3, 4, 6, 7], "waited_s": 74, "stack": "..."}}
 # A line cut by the reader (a long stack) is not valid JSON; its fields are then read one by one.
 _STALL = re.compile(r'"gpuguard_stall"\s{0,8}:\s{0,8}\{')
+# The report to its closing brace, or to the end of the text when it does not close there (a report a paste broke
+# across lines is joined while this reaches on; one the reader cut is read as far as it goes). No object nests in
+# it; every string but a last one cut short is closed, so each piece matches one way only and a failed match
+# backtracks in linear time.
+_WHOLE = re.compile(r'"gpuguard_stall"\s{0,8}:\s{0,8}\{(?:[^{}"]|"(?:[^"\\]|\\.){0,8192}"){0,4096}'
+                    r'(?:\}|"(?:[^"\\]|\\.){0,8192}\\?$|$)')
 _STRING_FIELD = re.compile(r'"(?P<key>kind|group|op|stack)"\s{0,8}:\s{0,8}"(?P<value>(?:[^"\\]|\\.){0,8192})"')
 _NUMBER_FIELD = re.compile(r'"(?P<key>seq|waited_s)"\s{0,8}:\s{0,8}(?P<value>-?\d{1,19}(?:\.\d{1,9})?)')
 _LIST_FIELD = re.compile(r'"(?P<key>stuck_ranks|waiting_ranks)"\s{0,8}:\s{0,8}\[(?P<value>[\d, ]{0,65536})\]?')
@@ -32,12 +38,25 @@ def _fields(body: str, start: int) -> dict[str, Any]:
         pass
     found: dict[str, Any] = {}
     for m in _STRING_FIELD.finditer(body, start):
-        found.setdefault(m.group("key"), m.group("value").encode().decode("unicode_escape", "replace"))
+        found.setdefault(m.group("key"), _unescape(m.group("value")))
     for m in _NUMBER_FIELD.finditer(body, start):
         found.setdefault(m.group("key"), float(m.group("value")))
     for m in _LIST_FIELD.finditer(body, start):
         found.setdefault(m.group("key"), [int(r) for r in re.split(r"[, ]+", m.group("value")) if r])
     return found
+
+
+_FIELD_NAMES = {"seq": "the collective's sequence number", "waited_s": "how long they waited",
+                "stuck_ranks": "the stuck ranks", "waiting_ranks": "the waiting ranks", "kind": "the kind of stall",
+                "group": "the group", "op": "the collective", "stack": "the stack"}
+
+
+def _unescape(text: str) -> str:
+    return text.encode().decode("unicode_escape", "replace")
+
+
+def _rank_list(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in re.split(r"[, ]+", text) if r)
 
 
 def _ranks(value: Any) -> list[int]:
@@ -54,8 +73,15 @@ class GpuguardStall(Recogniser):
 
     kinds = (KIND,)
     keywords = ('"gpuguard_stall"',)
-    patterns = (_STALL,)
+    patterns = (_WHOLE, _STALL)
     help = "gpuguard's own stall reports (gpuguard.watch)"
+    examples = (
+        # the JSON line gpuguard.watch() prints on each rank (watchdog/watcher.py), under torch's rank prefix
+        Example('[rank0]: {"gpuguard_stall": {"kind": "rank_behind", "group": "dp", "seq": 5653, "op": "ALL_REDUCE", '
+                '"stuck_ranks": [5], "waiting_ranks": [0, 1, 2, 3, 4, 6, 7], "waited_s": 74, "stack": "File '
+                '\\"train.py\\", line 88, in step"}}\n',
+                KIND, (5,), ("ALL_REDUCE #5653 on group 'dp'", "ranks 0, 1, 2, 3, 4, 6, 7 waited in it for 74 s")),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         m = _STALL.search(line.body)
@@ -63,6 +89,13 @@ class GpuguardStall(Recogniser):
             return False
         stall = _fields(line.body, m.end() - 1)
         group = groups(KIND)
+        # a number a paste broke across lines counts only when every reading of the break gives it
+        for pattern, parse in ((_NUMBER_FIELD, float), (_LIST_FIELD, _rank_list), (_STRING_FIELD, _unescape)):
+            for f in pattern.finditer(line.body, m.end() - 1):
+                key = f.group("key")
+                if key in stall and line.value(f, "value", parse) is None:
+                    stall.pop(key)
+                    group.unreadable(_FIELD_NAMES[key])
         stuck, waiting = _ranks(stall.get("stuck_ranks")), _ranks(stall.get("waiting_ranks"))
         group.add(line.number, line.body.strip(), ranks=stuck)
         reports: list[dict[str, Any]] = group.facts.setdefault("reports", [])

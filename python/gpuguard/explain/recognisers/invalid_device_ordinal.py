@@ -7,7 +7,7 @@ import re
 
 from ..lines import strip_prefixes
 from ..model import MAX_RANKS, Diagnosis, Group
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # CUDA's error string for cudaErrorInvalidDevice / CUDA_ERROR_INVALID_DEVICE, as torch prints it through
 # c10/cuda/CUDAException.h: "CUDA error: invalid device ordinal", followed since torch 2.6 by
@@ -39,6 +39,18 @@ class InvalidDeviceOrdinal(Recogniser):
     help = "CUDA 'invalid device ordinal'"
     # PyTorch's device-mismatch text may quote an invalid ordinal; that line is the mismatch's.
     yields_to = ("device_mismatch",)
+    examples = (
+        # torch's CUDA error (c10/cuda/CUDAException.h) under its per-rank excepthook prefix, with the traceback
+        # line that chose the device
+        Example("[rank9]: Traceback (most recent call last):\n"
+                "[rank9]:   File \"/work/train.py\", line 8, in main\n"
+                "[rank9]:     torch.cuda.set_device(rank)\n"
+                "[rank9]: torch.AcceleratorError: CUDA error: invalid device ordinal\n"
+                "[rank9]: GPU device may be out of range, do you have enough GPUs?\n",
+                "invalid_device_ordinal", (9,), ("on rank 9",)),
+        # the issue's own: a RuntimeError quoted bare
+        Example("RuntimeError: CUDA error: invalid device ordinal\n", "invalid_device_ordinal", (), ()),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         body, origin = line.body, line.origin

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..model import Diagnosis, Group
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # The NCCL User Guide, Troubleshooting > RAS > RAS Diagnostics (docs/troubleshooting/ras.rst, NCCL 2.31):
 #   node042:12345 NCCL DIAG [OK]   GPU inventory: 8x NVIDIA H100 per node consistent across 8 ranks in comm 0x1234
@@ -25,18 +25,33 @@ class NcclDiagnostics(Recogniser):
     keywords = ("NCCL DIAG [INFO]",)
     patterns = (_DIAG_INFO,)
     help = "NCCL RAS diagnostics findings (NCCL_RUN_RAS_DIAGNOSTICS)"
+    examples = (
+        # the NCCL User Guide, Troubleshooting > RAS > RAS Diagnostics (NCCL 2.31)
+        Example("node042:12345 NCCL DIAG [OK]   GPU inventory: 8x NVIDIA H100 per node consistent across 8 ranks in "
+                "comm 0x1234\n"
+                "node042:12345 NCCL DIAG [INFO] NCCL environment: NCCL_DEBUG=WARN on rank(s) {4,5,6,7}\n",
+                KIND, (4, 5, 6, 7), ("NCCL environment: NCCL_DEBUG=WARN on rank(s) {4,5,6,7}",)),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         m = _DIAG_INFO.search(line.body)
         if not m:
             return False
         group = groups(KIND)
-        ranks = [int(r) for r in _RANKS.search(m.group("what")).group("ranks").split(",") if r] \
-            if _RANKS.search(m.group("what")) else []
-        group.add(line.number, line.body.strip(), ranks=ranks)
+        r = _RANKS.search(line.body, m.start("what"))
+        ranks = line.value(r, "ranks", lambda t: tuple(int(x) for x in t.split(",") if x)) if r else ()
+        if ranks is None:
+            group.unreadable("the ranks")
+        group.add(line.number, line.body.strip(), ranks=ranks or ())
+        what = m.group("what")
+        if ranks is None and r is not None:  # the finding quoted without the ranks it cannot tell
+            what = line.body[m.start("what"):r.start("ranks")] + "(unreadable)" + line.body[r.end("ranks"):m.end("what")]
+        elif line.value(m, "what") is None or line.value(m, "check") is None:  # quoted across a line break that
+            # may or may not be a space
+            group.unreadable("the finding's exact words (a line break runs through them)")
         findings: dict[str, None] = group.facts.setdefault("findings", {})
         if len(findings) < 32:
-            findings.setdefault(f"{m.group('check')}: {m.group('what').strip()}", None)
+            findings.setdefault(f"{m.group('check')}: {what.strip()}", None)
         return True
 
     def build(self, kind: str, group: Group, host: Host) -> Diagnosis:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..model import Diagnosis, Group, ranks_phrase
+from ..recogniser import Example, Groups, Host, Line, Recogniser, context_field
 
 # The NCCL User Guide, Troubleshooting > RAS (docs/troubleshooting/ras.rst), sample output of `ncclras`:
 #   #0-0 (cf264af53edbe986) INCOMPLETE
@@ -46,13 +46,30 @@ def _json_record(context: Any, limit: int = 16) -> dict[str, str]:
     for _, text in list(context)[-limit:][::-1]:
         m = _JSON_FIELD.search(text)
         if m and m.group("key") not in found:
-            found[m.group("key")] = m.group("value")
+            field = context_field(text, re.compile(re.escape(m.group(0)[:m.start("value") - m.start()]) +
+                                                   r'(?P<value>[\w.:-]{1,255})'), "value")
+            if field.value is not None:
+                found[m.group("key")] = field.value
         if "rank" in found and "host" in found and "pid" in found:
             break
     return found
 
 
-def _add_process(group: Group, pid: str, node: str, gpu: str = "") -> None:
+def _rank_list(text: str) -> tuple[int, ...]:
+    return tuple(int(r) for r in re.split(r", ?", text) if r)
+
+
+def _add_process(group: Group, line: Line, m: "re.Match[str]") -> None:
+    """The process a RAS line names (pid, node and, where said, GPU), each read whole or not at all."""
+    pid, node = line.value(m, "pid"), line.value(m, "node")
+    gpu = line.value(m, "gpu") if "gpu" in m.groupdict() else ""
+    if pid is None or node is None or gpu is None:
+        group.unreadable("a process RAS named")
+        return
+    _note_process(group, pid, node, gpu)
+
+
+def _note_process(group: Group, pid: str, node: str, gpu: str = "") -> None:
     processes: dict[str, None] = group.facts.setdefault("processes", {})
     if len(processes) < 64:
         processes.setdefault(f"process {pid} on {node}" + (f" (GPU {gpu.strip()})" if gpu.strip() else ""), None)
@@ -68,53 +85,87 @@ class NcclRas(Recogniser):
     patterns = (_MISSING_RANKS, _MISSING_FROM, _DEAD, _PEER_DEAD, _PROCESS, _LAUNCHED, _BEHIND_RANK, _JSON_MISSING,
                 _JSON_STATUS, _JSON_EVENT)
     help = "NCCL RAS reports (ncclras: missing, dead and lagging ranks, text and JSON)"
+    examples = (
+        # `ncclras` text output, as the NCCL User Guide (Troubleshooting > RAS) shows it
+        Example("#0-0 (cf264af53edbe986) INCOMPLETE\n"
+                "  Missing communicator data from 1 rank\n"
+                "  The missing rank: 21\n"
+                "DEAD\n"
+                "  1 job process is considered dead (unreachable via the RAS network)\n"
+                "  Process 3487984 on node 172.16.64.213 managing GPU 5\n",
+                MISSING, (21,), ("rank 21", "1 process(es) considered dead", "process 3487984 on 172.16.64.213 (GPU 5)")),
+        Example("#0-0 (27a079b828ff1a75) MISMATCH\n"
+                "  Communicator ranks have different collective operation counts\n"
+                "  26 ranks have launched up to operation 6650\n"
+                "  6 ranks have launched up to operation 6649\n"
+                "  Rank 0 -- GPU 0 managed by process 483072 on node 172.16.64.210\n",
+                BEHIND, (0,), ("26 rank(s) at operation 6650, 6 rank(s) at operation 6649",
+                               "process 483072 on 172.16.64.210 (GPU 0)")),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         body = line.body
         m = _MISSING_RANKS.search(body)
         if m:
-            ranks = [int(r) for r in re.split(r", ?", m.group("ranks"))]
-            groups(MISSING).add(line.number, body.strip(), ranks=ranks)
+            group = groups(MISSING)
+            ranks = line.value(m, "ranks", _rank_list)
+            if ranks is None:
+                group.unreadable("the missing ranks")
+            group.add(line.number, body.strip(), ranks=ranks or ())
             return True
         m = _MISSING_FROM.search(body) or _DEAD.search(body)
         if m:
             group = groups(MISSING)
             group.add(line.number, body.strip())
             if "dead" in m.group(0):
-                group.facts["dead"] = group.facts.get("dead", 0) + int(m.group("n"))
+                n = line.integer(m, "n")
+                if n is None:
+                    group.unreadable("how many processes are dead")
+                else:
+                    group.facts["dead"] = group.facts.get("dead", 0) + n
             return True
         m = _PEER_DEAD.search(body)
         if m:
             group = groups(MISSING)
             group.add(line.number, body.strip())
             group.facts["dead"] = group.facts.get("dead", 0) + 1
-            _add_process(group, m.group("pid"), m.group("node"))
+            _add_process(group, line, m)
             return True
         m = _PROCESS.search(body)
         if m:  # a process RAS lists under INCOMPLETE or DEAD
             group = groups(MISSING)
             group.add(line.number, body.strip())
-            _add_process(group, m.group("pid"), m.group("node"), m.group("gpu"))
+            _add_process(group, line, m)
             return True
         m = _LAUNCHED.search(body)
         if m:
             group = groups(BEHIND)
             group.add(line.number, body.strip())
+            n, op = line.integer(m, "n"), line.integer(m, "op")
+            if n is None or op is None:
+                group.unreadable("a count of collectives")
+                return True
             counts: dict[int, int] = group.facts.setdefault("counts", {})
             if len(counts) < 64:
-                counts[int(m.group("op"))] = counts.get(int(m.group("op")), 0) + int(m.group("n"))
+                counts[op] = counts.get(op, 0) + n
             return True
         m = _BEHIND_RANK.search(body)
         if m:
             # the outliers RAS lists under a MISMATCH: the ranks of the smaller count group
             group = groups(BEHIND)
-            group.add(line.number, body.strip(), ranks=(int(m.group("rank")),))
-            _add_process(group, m.group("pid"), m.group("node"), m.group("gpu"))
+            rank = line.integer(m, "rank")
+            if rank is None:
+                group.unreadable("a rank behind")
+            group.add(line.number, body.strip(), ranks=(rank,))
+            _add_process(group, line, m)
             return True
         m = _JSON_MISSING.search(body)
         if m:
-            if int(m.group("n")) > 0:
+            n = line.integer(m, "n")
+            if n is None or n > 0:
                 groups(MISSING).add(line.number, body.strip())
+                if n is None:
+                    groups(MISSING).unreadable("how many ranks are missing")
             return True
         m = _JSON_STATUS.search(body) or _JSON_EVENT.search(body)
         if m:
@@ -125,7 +176,7 @@ class NcclRas(Recogniser):
             if "considered_dead" in m.group(0) or "PEER_DEAD" in m.group(0):
                 group.facts["dead"] = group.facts.get("dead", 0) + 1
             if record.get("pid") and record.get("host"):
-                _add_process(group, record["pid"], record["host"], record.get("cuda_dev", ""))
+                _note_process(group, record["pid"], record["host"], record.get("cuda_dev", ""))
             return True
         return False
 

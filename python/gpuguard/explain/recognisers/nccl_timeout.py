@@ -6,7 +6,7 @@ import re
 from typing import Optional
 
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, WorkNCCL::checkTimeout and operator<<(WorkNCCL):
 #   logPrefix() + "Watchdog caught collective operation timeout: " + "WorkNCCL(SeqNum=1, OpType=ALLREDUCE,
@@ -34,18 +34,38 @@ class NcclTimeout(Recogniser):
     """A collective that timed out: the first one of a communicator (HANG) or a later one (TIMEOUT)."""
 
     kinds = (HANG, TIMEOUT)
-    keywords = ("Watchdog caught collective operation timeout", "Timeout at NCCL work")
+    keywords = ("Watchdog caught collective operation timeout", "Timeout at NCCL work: ")
     patterns = (_WATCHDOG, _TIMEOUT_AT)
     help = "NCCL watchdog timeouts and first-collective hangs"
+    examples = (
+        # ProcessGroupNCCL.cpp's watchdog on the first collective, with c10's log header, under torch's rank prefix
+        Example("[rank0]:[E1121 05:00:00.123456 ProcessGroupNCCL.cpp:683] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+                "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, "
+                "NumelOut=1, Timeout(ms)=600000) ran for 600017 milliseconds before timing out.\n",
+                HANG, (0,), ("ALLREDUCE #1 on rank 0", "600 s")),
+        # the watchdog loop's line: nothing ever completed
+        Example("[rank1]:[E1121 05:00:00 ProcessGroupNCCL.cpp:1537] [PG 0 Rank 1] Timeout at NCCL work: 1, last "
+                "enqueued NCCL work: 1, last completed NCCL work: -1.\n", HANG, (1,), ()),
+        # a later collective (releases before 2.2 print "[Rank N] " and TensorShape)
+        Example("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5120, OpType=BROADCAST, "
+                "TensorShape=[1024], Timeout(ms)=1800000) ran for 1800321 milliseconds before timing out.\n",
+                TIMEOUT, (3,), ("BROADCAST #5120 on rank 3", "1800 s")),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         body, origin = line.body, line.origin
         m = _WATCHDOG.search(body)
         if m:
-            seq = int(m.group("seq")) if m.group("seq") else None
-            rank = origin.rank if origin.rank is not None else (int(m.group("rank")) if m.group("rank") else None)
+            seq = line.integer(m, "seq")
+            said = line.integer(m, "rank")
+            rank = origin.rank if origin.rank is not None else said
+            # the first collective of a communicator hangs for the transport; without its number, a timeout
             first = seq is not None and seq <= 1
             group = groups(HANG if first else TIMEOUT)
+            if seq is None and m.group("seq"):
+                group.unreadable("the collective's sequence number")
+            if rank is None and m.group("rank"):
+                group.unreadable("the rank")
             group.add(line.number, body, ranks=(rank,))
             ops = group.facts.setdefault("ops", {})
             op_key = (seq, m.group("op"))
@@ -53,18 +73,25 @@ class NcclTimeout(Recogniser):
                 ops.setdefault(op_key, set())
                 if rank is not None and len(ops[op_key]) < MAX_RANKS:
                     ops[op_key].add(rank)
-            t = _TIMEOUT_MS.search(m.group("rest") or "")
+            rest = m.group("rest") or ""
+            t = _TIMEOUT_MS.search(body, m.start("rest"), m.end("rest")) if rest else None
             if t:
-                group.facts["timeout_ms"] = int(t.group("ms"))
+                ms = line.integer(t, "ms")
+                if ms is None:
+                    group.unreadable("the timeout")
+                else:
+                    group.facts["timeout_ms"] = ms
             return True
         m = _TIMEOUT_AT.search(body)
         if m:
-            rank = origin.rank if origin.rank is not None else (int(m.group("rank")) if m.group("rank") else None)
-            seq, done = int(m.group("seq")), int(m.group("done"))
-            first = seq <= 1 or done < 0
+            rank = origin.rank if origin.rank is not None else line.integer(m, "rank")
+            seq, done = line.integer(m, "seq"), line.integer(m, "done")
+            first = (seq is not None and seq <= 1) or (done is not None and done < 0)
             group = groups(HANG if first else TIMEOUT)
+            if seq is None or done is None:
+                group.unreadable("the collective's sequence numbers")
             group.add(line.number, body, ranks=(rank,))
-            if done < 0:
+            if done is not None and done < 0:
                 group.facts["none_completed"] = True
             return True
         return False

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
+from ..lines import strip_prefixes
 from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser, context_field
 
 # torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg / _format_failure):
 #   [1]:
@@ -30,17 +31,49 @@ class TorchrunSummary(Recogniser):
     keywords = ("(local_rank: ", "exitcode  : ")
     patterns = (_RANK, _EXIT)
     help = "torchrun's failure summary (ranks, hosts, exit codes)"
+    examples = (
+        # ChildFailedError.format_msg, as a job printed it
+        Example("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+                "============================================================\n"
+                "train.py FAILED\n"
+                "------------------------------------------------------------\n"
+                "Failures:\n"
+                "[1]:\n"
+                "  time      : 2024-10-09_21:16:02\n"
+                "  host      : node2\n"
+                "  rank      : 7 (local_rank: 3)\n"
+                "  exitcode  : -15 (pid: 1006195)  (SIGTERM)\n"
+                "  error_file: <N/A>\n"
+                "  traceback : Signal 15 (SIGTERM) received by PID 1006195\n"
+                "------------------------------------------------------------\n"
+                "Root Cause (first observed failure):\n"
+                "[0]:\n"
+                "  time      : 2024-10-09_21:16:02\n"
+                "  host      : node2\n"
+                "  rank      : 5 (local_rank: 1)\n"
+                "  exitcode  : 1 (pid: 1006193)\n"
+                "  error_file: <N/A>\n"
+                "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+                "============================================================\n",
+                KIND, (5, 7), ("rank 7 only stopped by torchrun", "node2: local ranks 1-3")),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         m = _RANK.search(line.body)
         if m:
             group = groups(KIND)
-            rank, local = int(m.group("rank")), int(m.group("local"))
+            rank, local = line.integer(m, "rank"), line.integer(m, "local")
+            if rank is None or local is None:
+                group.unreadable("a failed rank")
+                group.add(line.number, line.body.strip())
+                return True
             host = None
             for _, text in list(line.context)[-3:]:
-                h = _HOST.search(text.split("]:", 1)[-1] if text.startswith("[") else text)
-                if h:
-                    host = h.group("host")
+                field = context_field(text, _HOST, "host", lambda t: strip_prefixes(t)[0])
+                if field.found:
+                    host = field.value
+                    if host is None:
+                        group.unreadable("a host")
             group.add(line.number, line.body.strip(), ranks=(rank,))
             failures: dict[int, dict] = group.facts.setdefault("failures", {})
             if rank in failures or len(failures) < MAX_RANKS:
@@ -49,13 +82,16 @@ class TorchrunSummary(Recogniser):
         m = _EXIT.search(line.body)
         if m:
             # its rank is on the line above (read first, so its group exists); an exitcode line alone is no finding
-            above = [_RANK.search(text.split("]:", 1)[-1]) for _, text in list(line.context)[-2:]]
-            rank_line = next((r for r in reversed(above) if r), None)
+            above = [context_field(text, _RANK, "rank", lambda t: strip_prefixes(t)[0])
+                     for _, text in list(line.context)[-2:]]
+            rank_line = next((r for r in reversed(above) if r.found), None)
             if rank_line is None:
                 return False
-            failure = groups(KIND).facts.get("failures", {}).get(int(rank_line.group("rank")))
+            if rank_line.value is None:
+                return True  # the rank above is unreadable; its own line said so
+            failure = groups(KIND).facts.get("failures", {}).get(int(rank_line.value))
             if failure is not None:
-                failure["exit"] = int(m.group("code"))
+                failure["exit"] = line.integer(m, "code")
                 failure["signal"] = m.group("sig")
             return True
         return False

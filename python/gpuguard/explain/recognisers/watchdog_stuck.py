@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..model import Diagnosis, Group
-from ..recogniser import Groups, Host, Line, Recogniser
+from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (HeartbeatMonitor::runLoop; handleStall in newer releases):
 #   logPrefix() + "ProcessGroupNCCL's watchdog got stuck for " + heartbeatTimeoutInSec_ + " seconds without making
@@ -26,18 +26,31 @@ class WatchdogStuck(Recogniser):
     keywords = ("watchdog got stuck for", "Heartbeat monitor timed out")
     patterns = (_STUCK, _MONITOR)
     help = "PyTorch's 'watchdog got stuck' heartbeat"
+    examples = (
+        # ProcessGroupNCCL.cpp's heartbeat monitor, as a job under torchrun printed it (c10's log header kept)
+        Example("[rank1]:[E1111 17:10:53.123456 4242 ProcessGroupNCCL.cpp:1577] [PG ID 0 PG GUID 0(default_pg) Rank "
+                "1] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in monitoring "
+                "enqueued collectives. This typically indicates a NCCL/CUDA API (e.g., CudaEventDestroy) hang "
+                "blocking the watchdog.\n", KIND, (1,), ("on rank 1 for 480 s",)),
+    )
 
     def read(self, line: Line, groups: Groups) -> bool:
         m = _STUCK.search(line.body) or _MONITOR.search(line.body)
         if not m:
             return False
-        rank = line.origin.rank if line.origin.rank is not None else (
-            int(m.group("rank")) if m.group("rank") else None)
         group = groups(KIND)
+        said = line.integer(m, "rank")
+        if said is None and m.group("rank"):
+            group.unreadable("the rank")
+        rank = line.origin.rank if line.origin.rank is not None else said
         group.add(line.number, line.body, ranks=(rank,))
         group.source(line.origin)
         if "s" in m.groupdict() and m.group("s"):
-            group.facts["seconds"] = int(m.group("s"))
+            seconds = line.integer(m, "s")
+            if seconds is None:
+                group.unreadable("how long it was stuck")
+            else:
+                group.facts["seconds"] = seconds
         return True
 
     def build(self, kind: str, group: Group, host: Host) -> Diagnosis:
