@@ -22,6 +22,12 @@ _MISMATCH_GOT = re.compile(
     r"Expected all tensors to be on the same device, but got (?P<arg>\w{1,128}) is on (?P<a>[\w:]{1,64}), "
     r"different from other tensors on (?P<b>[\w:]{1,64})(?: \(when checking argument in method (?P<method>[\w.]{1,256})\))?")
 
+# FakeTensor's own check, torch/_subclasses/fake_tensor.py up to torch 2.6 (gone by 2.15): what torch.compile prints
+# when it traces the same mismatch (inside "Failed running call_function ..."), and what runs under FakeTensorMode:
+#   "Unhandled FakeTensor Device Propagation for aten.mm.default, found two different devices cuda:0, cuda:3"
+_MISMATCH_FAKE = re.compile(
+    r"Unhandled FakeTensor Device Propagation for (?P<method>[\w.]{1,256}), found two different devices "
+    r"(?P<a>[\w:]{1,64}), (?P<b>[\w:]{1,64})")
 
 # A device whose index a paste broke across lines where the break cannot be told.
 UNREADABLE_DEVICE = "an unreadable device"
@@ -31,8 +37,8 @@ class DeviceMismatch(Recogniser):
     """Inputs of one operation on two devices (GPU and GPU, or GPU and CPU)."""
 
     kinds = ("device_mismatch",)
-    keywords = ("Expected all tensors to be on the same",)
-    patterns = (_MISMATCH_TWO, _MISMATCH_GOT)
+    keywords = ("Expected all tensors to be on the same", "Unhandled FakeTensor Device Propagation")
+    patterns = (_MISMATCH_TWO, _MISMATCH_GOT, _MISMATCH_FAKE)
     help = "PyTorch 'Expected all tensors to be on the same device'"
     examples = (
         # adaption.cpp up to torch 2.5, under torch's per-rank excepthook prefix
@@ -43,11 +49,19 @@ class DeviceMismatch(Recogniser):
         Example("RuntimeError: Expected all tensors to be on the same device, but got index is on cpu, different from "
                 "other tensors on cuda:0 (when checking argument in method wrapper_CUDA__index_select)\n",
                 "device_mismatch", (), ("cpu and cuda:0", "argument index of wrapper_CUDA__index_select")),
+        # torch.compile tracing the mismatch on torch 2.6 (FakeTensor's check)
+        Example("[rank1]: torch._dynamo.exc.TorchRuntimeError: Failed running call_function <built-in function "
+                "linear>(*(FakeTensor(..., device='cuda:3', size=(2, 8)), Parameter(FakeTensor(..., device='cuda:0', "
+                "size=(8, 8), requires_grad=True)), Parameter(FakeTensor(..., device='cuda:0', size=(8,), "
+                "requires_grad=True))), **{}):\n"
+                "[rank1]: Unhandled FakeTensor Device Propagation for aten.addmm.default, found two different devices "
+                "cuda:0, cuda:3\n",
+                "device_mismatch", (1,), ("cuda:0 and cuda:3", "in aten.addmm.default")),
     )
 
     def read(self, line: Line, groups: Groups) -> bool:
         body, origin = line.body, line.origin
-        m = _MISMATCH_TWO.search(body) or _MISMATCH_GOT.search(body)
+        m = _MISMATCH_TWO.search(body) or _MISMATCH_GOT.search(body) or _MISMATCH_FAKE.search(body)
         if not m:
             return False
         group = groups("device_mismatch")
