@@ -95,6 +95,11 @@ CASES = [
 class Outcome:
     ranks: dict[int, dict[str, Any]]  # rank -> its rank<r>.json
     culprit_pid: Optional[int]
+    started_pids: dict[int, int]  # rank -> the pid in its started<r>.json
+
+
+def _started_pid(outcome: Outcome, rank: int) -> Optional[int]:
+    return outcome.started_pids.get(rank)
 
 
 def _json(path: Path) -> Optional[dict[str, Any]]:
@@ -143,7 +148,9 @@ def run_case(case: Case, fake_gpus: Any, tmp: Path) -> Outcome:
             time.sleep(0.2)
         ranks = {r: doc for r in range(case.world) if (doc := _json(out / f"rank{r}.json")) is not None}
         fault = _json(out / f"fault{case.rank}.json")
-        return Outcome(ranks, fault["pid"] if fault else None)
+        started_pids = {r: int(doc["pid"]) for r in range(case.world)
+                        if (doc := _json(out / f"started{r}.json")) is not None}
+        return Outcome(ranks, fault["pid"] if fault else None, started_pids)
     finally:
         # every rank this case started (a stopped one too), then the launchers: only what the test started
         for started in out.glob("started*.json"):
@@ -193,7 +200,13 @@ def test_every_survivor_names_the_culprit_in_time(matrix, case):
             assert message.startswith(f"this rank ({r}) of group 'default' reached gpuguard's placement check but "
                                       f"did not finish it before the other ranks stopped waiting"), message
             continue
-        assert details["missing_ranks"] == [case.rank], (r, details)
+        silent = [case.rank]
+        if case.launcher == "two_agents" and case.fault == "kill" and details["missing_ranks"] != [case.rank]:
+            # the killed rank's agent ends its other rank too: named silent as well when the agent got there
+            # before that rank finished its part (seen in CI on torch 2.6), else it finished and only the culprit is
+            mate = case.rank ^ 1
+            silent = sorted([case.rank, mate])
+        assert details["missing_ranks"] == silent, (r, details)
         if case.fault == "absent":
             assert details["never_arrived"] == [case.rank], (r, details)
             assert message.startswith(f"rank {case.rank} of group 'default' did not reach gpuguard's placement "
@@ -204,8 +217,11 @@ def test_every_survivor_names_the_culprit_in_time(matrix, case):
                                       f"{T:g} s, but rank 0 {_where(host, outcome.culprit_pid)}, which writes the "
                                       f"verdict once all have arrived, went silent before writing it"), message
         else:
-            assert details["silent_ranks"] == [case.rank] and details["never_arrived"] == [], (r, details)
-            assert message.startswith(f"rank {case.rank} {_where(host, outcome.culprit_pid)} of group 'default' "
+            assert details["silent_ranks"] == silent and details["never_arrived"] == [], (r, details)
+            pids = {case.rank: outcome.culprit_pid}
+            pids.update({m: _started_pid(outcome, m) for m in silent if m != case.rank})
+            named = "; ".join(f"{m} {_where(host, pids[m])}" for m in silent)
+            assert message.startswith(f"{'rank' if len(silent) == 1 else 'ranks'} {named} of group 'default' "
                                       f"reached gpuguard's placement check and then went silent before finishing "
                                       f"it within {T:g} s ({case.world} of {case.world} arrived, "
-                                      f"{case.world - 1} finished)."), message
+                                      f"{case.world - len(silent)} finished)."), message
