@@ -82,7 +82,10 @@ for line in sys.stdin:
     if not words:
         continue
     if words[0] == "set":
+        # c10d's SET has no reply: the get() on the same connection returns once the server has applied it, so
+        # another connection's check() after "OK" sees the key (without it, CI once saw it missing)
         server.set(words[1], unhex(words[2]))
+        server.get(words[1])
         print("OK", flush=True)
     elif words[0] == "setlater":
         key, value = words[2], unhex(words[3])
