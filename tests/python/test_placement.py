@@ -326,11 +326,12 @@ def test_threads_sharing_one_store_client_meet_at_once(master):
     assert time.monotonic() - started < 10, "the threads waited for one another until the deadline"
 
 
-class SlowAfter:
-    """A rank's store that stalls ``seconds`` right after an ``add`` on a key ending in ``suffix``."""
+class TcpStoreWrapper:
+    """A test's wrapper of a TCPStore client (``inner``): everything it does not override goes to ``inner``, and
+    clone() connects anew to the same server, as TCPStore.clone() does on torch >= 2.8 (the wrapper hides that its
+    store is a TCPStore, which gpuguard would otherwise reconnect to itself on an older torch)."""
 
-    def __init__(self, inner: Any, suffix: str, seconds: float) -> None:
-        self.inner, self.suffix, self.seconds = inner, suffix, seconds
+    inner: Any
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -340,9 +341,14 @@ class SlowAfter:
         return self.inner.timeout
 
     def clone(self) -> dist.TCPStore:
-        """Another connection to the same server, as TCPStore.clone() gives on torch >= 2.8 (a wrapper hides that
-        its store is a TCPStore, which gpuguard would otherwise reconnect to itself on an older torch)."""
         return tcp_client(self.inner.host, self.inner.port, self.inner.timeout.total_seconds())
+
+
+class SlowAfter(TcpStoreWrapper):
+    """A rank's store that stalls ``seconds`` right after an ``add`` on a key ending in ``suffix``."""
+
+    def __init__(self, inner: Any, suffix: str, seconds: float) -> None:
+        self.inner, self.suffix, self.seconds = inner, suffix, seconds
 
     def add(self, key: str, amount: int) -> int:
         value = self.inner.add(key, amount)
@@ -442,25 +448,13 @@ def test_multi_rank_gpu_mode_does_not_silence_a_true_duplicate(master):
     assert "gpuguard stops every rank all the same" in str(err.value)
 
 
-class ForeignWriter:
+class ForeignWriter(TcpStoreWrapper):
     """Another program writing into the epoch a check just opened, the moment its leader publishes it (the epoch
     is drawn at random, so nothing can be written there before): ``writes`` maps a key under the epoch to bytes."""
 
     def __init__(self, inner: Any, writes: dict[str, bytes]) -> None:
         self.inner = inner
         self.writes = writes
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    @property
-    def timeout(self) -> datetime.timedelta:
-        return self.inner.timeout
-
-    def clone(self) -> dist.TCPStore:
-        """Another connection to the same server, as TCPStore.clone() gives on torch >= 2.8 (a wrapper hides that
-        its store is a TCPStore, which gpuguard would otherwise reconnect to itself on an older torch)."""
-        return tcp_client(self.inner.host, self.inner.port, self.inner.timeout.total_seconds())
 
     def set(self, key: str, value: bytes) -> None:
         if key.endswith("/lead"):
