@@ -265,12 +265,21 @@ def compare(clean: Sequence[Diagnosis], pasted: Sequence[Diagnosis]) -> Optional
             continue
         if not p.cause or not p.fix:
             return f"{c.kind}: no cause or fix beside the unreadable values"
-        if not set(p.ranks) <= set(c.ranks):
-            return f"{c.kind}: ranks {p.ranks}, the clean text gives {c.ranks}"
-        stated = p.summary.split(" Unreadable in this text: ")[0]
-        wrong = _numbers(stated + " " + " ".join(p.devices)) - _numbers(c.summary + " " + " ".join(c.devices))
-        if wrong:
-            return f"{c.kind}: values {sorted(wrong)} the clean text does not give: {p.summary} / {p.devices}"
+        other = _other_ranks_or_values(c, p, _numbers)
+        if other:
+            return other
+    return None
+
+
+def _other_ranks_or_values(c: Diagnosis, p: Diagnosis, values: Callable[[str], set[str]]) -> Optional[str]:
+    """A rank, or a value as ``values`` reads them, that the pasted diagnosis ``p`` states and the clean one ``c``
+    does not (what ``p`` calls unreadable is left out)."""
+    if not set(p.ranks) <= set(c.ranks):
+        return f"{p.kind}: ranks {p.ranks}, the clean text gives {c.ranks}"
+    stated = p.summary.split(" Unreadable in this text: ")[0]
+    extra = values(stated + " " + " ".join(p.devices)) - values(c.summary + " " + " ".join(c.devices))
+    if extra:
+        return f"{p.kind}: values {sorted(extra)} the clean text does not give: {p.summary} / {p.devices}"
     return None
 
 
@@ -292,12 +301,9 @@ def wrong(clean: Sequence[Diagnosis], pasted: Sequence[Diagnosis]) -> Optional[s
         c = by_kind.get(p.kind)
         if c is None:
             return f"a {p.kind} diagnosis the clean text does not give"
-        if not set(p.ranks) <= set(c.ranks):
-            return f"{p.kind}: ranks {p.ranks}, the clean text gives {c.ranks}"
-        stated = p.summary.split(" Unreadable in this text: ")[0]
-        extra = _numeric(stated + " " + " ".join(p.devices)) - _numeric(c.summary + " " + " ".join(c.devices))
-        if extra:
-            return f"{p.kind}: values {sorted(extra)} the clean text does not give: {p.summary} / {p.devices}"
+        other = _other_ranks_or_values(c, p, _numeric)
+        if other:
+            return other
     return None
 
 
