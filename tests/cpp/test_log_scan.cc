@@ -14,8 +14,8 @@ using gpuguard::ScannedLine;
 
 namespace {
 
-std::vector<ScannedLine> scan(const std::string& log, std::size_t piece, LogScanLimits limits = {}) {
-  LogScanner scanner({"Duplicate GPU detected", "invalid device ordinal"}, limits);
+// What `scanner` hands over when `log` is fed to it `piece` bytes at a time, then finished.
+std::vector<ScannedLine> scan_in_pieces(LogScanner& scanner, const std::string& log, std::size_t piece) {
   std::vector<ScannedLine> out;
   for (std::size_t at = 0; at < log.size(); at += piece) {
     scanner.feed(std::string_view(log).substr(at, piece));
@@ -24,6 +24,11 @@ std::vector<ScannedLine> scan(const std::string& log, std::size_t piece, LogScan
   scanner.finish();
   for (auto& l : scanner.take()) out.push_back(l);
   return out;
+}
+
+std::vector<ScannedLine> scan(const std::string& log, std::size_t piece, LogScanLimits limits = {}) {
+  LogScanner scanner({"Duplicate GPU detected", "invalid device ordinal"}, limits);
+  return scan_in_pieces(scanner, log, piece);
 }
 
 std::string describe(const std::vector<ScannedLine>& lines) {
@@ -119,13 +124,7 @@ TEST(LogScanner, ALineEndingWithAHeadIsAHitHoweverTheBytesArrive) {
   const std::string log = "ok\nRuntimeError: CUDA error: invalid dev\nice ordinal\nlast\n";
   for (std::size_t piece : {1u, 3u, 1000u}) {
     LogScanner scanner({"Duplicate GPU detected"}, limits, {}, gpuguard::LineEndTest({"invalid dev"}, {5}));
-    std::vector<ScannedLine> out;
-    for (std::size_t at = 0; at < log.size(); at += piece) {
-      scanner.feed(std::string_view(log).substr(at, piece));
-      for (auto& l : scanner.take()) out.push_back(l);
-    }
-    scanner.finish();
-    for (auto& l : scanner.take()) out.push_back(l);
+    std::vector<ScannedLine> out = scan_in_pieces(scanner, log, piece);
     EXPECT_EQ(describe(out), "2*RuntimeError: CUDA error: invalid dev|3 ice ordinal|") << "piece " << piece;
     ASSERT_FALSE(out.empty());
     EXPECT_EQ(out[0].keywords, 1ULL << 5);
