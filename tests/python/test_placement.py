@@ -36,7 +36,8 @@ def master():
 
 def client(master, timeout: float = 60) -> dist.TCPStore:
     """A client of its own, built as gpuguard builds its second clients: one at a time (see stores.tcp_client).
-    Build them before starting threads: under a few dozen threads each construction takes ~200 ms here."""
+    Build them before starting threads. (A construction that takes 5 s is torch's client asking DNS for its
+    peer's name: scripts/test.sh sets RES_OPTIONS against that.)"""
     return tcp_client("127.0.0.1", master.port, timeout)
 
 
