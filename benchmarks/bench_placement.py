@@ -20,7 +20,6 @@ import statistics
 import sys
 import threading
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gpuguard.deadline import Deadline
-from gpuguard.placement import RankIdentity, exchange
+from gpuguard.placement import exchange
+from simulated_ranks import few_sharing_hosts, identity
 
 
 class CountingStore:
@@ -54,17 +54,6 @@ class CountingStore:
     @property
     def timeout(self) -> datetime.timedelta:
         return self.inner.timeout  # type: ignore[no-any-return]
-
-
-def identity(rank: int, world: int, sharing_hosts: frozenset[int]) -> RankIdentity:
-    host, local = divmod(rank, 8)
-    gpu = local // 2 if host in sharing_hosts else local
-    name = f"node-{host:04d}"
-    return RankIdentity(rank=rank, world_size=world, local_rank=local, local_world_size=8,
-                        host_hash=zlib.crc32(name.encode()), hostname=name,
-                        gpu_uuid=f"GPU-{zlib.crc32(name.encode()):08x}-{gpu:04x}-4000-8000-000000000000",
-                        pci_bus_id=f"0000:{0x18 + gpu:02x}:00.0", gpu_index=gpu, pid=10000 + rank,
-                        visible_device_count=8, launcher="bench")
 
 
 def run_check(world: int, sharing_hosts: frozenset[int]) -> dict[str, Any]:
@@ -139,7 +128,7 @@ def main() -> int:
     rows = []
     for n in sizes:
         ok_runs = [run_check(n, frozenset()) for _ in range(args.repeats)]
-        sharing = frozenset({0, n // 16, n // 8 - 1}) if n >= 24 else frozenset({0})
+        sharing = few_sharing_hosts(n)
         dup_runs = [run_check(n, sharing) for _ in range(args.repeats)]
         ok = sorted(ok_runs, key=lambda r: r["wall_s"])[len(ok_runs) // 2]
         dup = sorted(dup_runs, key=lambda r: r["wall_s"])[len(dup_runs) // 2]
