@@ -1,0 +1,289 @@
+"""Scale simulation: gpuguard's placement check and the watchdog's steady traffic at 1k ... 16k ranks, against one
+real TCPStore, with the cost of the simulation itself measured apart.
+
+Each simulated rank is a gevent greenlet running gpuguard's own ``exchange()`` (the check bind() runs), unmodified,
+over a connection of its own to a real ``torch.distributed.TCPStore`` server in a child process. The connections
+speak the TCPStore wire protocol (tcp_store_wire.py, pure Python, so that gevent makes them cooperative): one
+thread carries every rank, where bench_placement.py's thousands of threads on 2 cores measured mostly their own
+scheduling. Connections are made before the clock starts. Scenarios per size:
+
+  pass        every rank on a GPU of its own
+  fail-few    three hosts put two ranks on each of half their GPUs (12 shared GPUs, whatever the size)
+  fail-many   every host does (a quarter of the GPUs shared)
+  timeout     the last rank never arrives; every other rank must name it (deadline --deadline s)
+  watchdog    every rank makes the healthy watchdog's one store operation per tick (a CHECK of the alarm key,
+              tick 1 s) for --watch-s seconds
+
+Measured per run: wall time from the start to the last rank's verdict; store operations per rank (median and
+most, and rank 0's, which composes); requests per second the server answered; CPU time of the server process
+and of the simulation process, each per rank (flat across sizes: linear); memory: the server's resident growth
+per rank (its keys), and the simulation's per rank (connection, greenlet and check). The simulation's CPU time is
+its own overhead plus the check's Python code, which on a real job runs on each rank's own core; the server's CPU
+time is what one TCPStore spends, and how much of the server's one thread a size needs is the load column.
+Separately, the server's capacity: 256 connections issuing CHECKs back to back; the server's CPU time per
+request gives the most requests per second one TCPStore thread sustains.
+
+    pip install gevent   # the simulation's only extra
+    python benchmarks/bench_scale.py [--sizes 1024,4096,16384] [--deadline 20] [--watch-s 10]
+"""
+
+from __future__ import annotations
+
+from gevent import monkey
+
+monkey.patch_all()  # before anything imports socket or threading: the ranks are greenlets
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import gevent  # noqa: E402
+import gevent.event  # noqa: E402
+import gevent.pool  # noqa: E402
+
+from gpuguard.deadline import Deadline  # noqa: E402
+from gpuguard.placement import exchange  # noqa: E402
+from simulated_ranks import few_sharing_hosts, identity  # noqa: E402
+from tcp_store_wire import WireStore  # noqa: E402
+
+SERVER = """
+import sys, datetime, torch.distributed as dist
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                       timeout=datetime.timedelta(seconds=600))
+print(server.port, flush=True)
+sys.stdin.read()  # until the benchmark closes our stdin
+"""
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class Server:
+    """A real TCPStore server (torch's default backend) in a process of its own, whose CPU time and memory are read
+    from /proc."""
+
+    def __init__(self) -> None:
+        # torch looks up each peer's name to log it; a resolver that drops queries would stall the server 5 s
+        # per lookup (see scripts/test.sh): one try of 1 s
+        env = dict(os.environ, RES_OPTIONS=os.environ.get("RES_OPTIONS", "timeout:1 attempts:1"))
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+    def rss_kib(self) -> int:
+        return _status_kib(self.proc.pid, "VmRSS")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def _status_kib(pid: Any, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _connect(port: int, n: int) -> list[WireStore]:
+    pool = gevent.pool.Pool(64)  # the server's accept backlog is finite: a bounded number of handshakes at once
+    stores: list[Optional[WireStore]] = [None] * n
+
+    def one(i: int) -> None:
+        stores[i] = WireStore("127.0.0.1", port, timeout=600)
+    for i in range(n):
+        pool.spawn(one, i)
+    pool.join(raise_error=True)
+    return stores  # type: ignore[return-value]
+
+
+def _measure(server: Server, stores: list[WireStore], body: Any) -> dict[str, Any]:
+    """Runs ``body()`` and what it cost: wall, the server's and this process's CPU, the requests."""
+    requests = sum(s.requests for s in stores)
+    server_cpu, own_cpu, started = server.cpu_s(), time.process_time(), time.perf_counter()
+    extra = body(started)
+    wall = time.perf_counter() - started
+    # the server's CPU is read a moment later: /proc's counters advance in ticks
+    gevent.sleep(0.05)
+    result = {"wall_s": extra.pop("wall_s", wall), "server_cpu_s": server.cpu_s() - server_cpu,
+              "sim_cpu_s": time.process_time() - own_cpu, "requests": sum(s.requests for s in stores) - requests}
+    result.update(extra)
+    return result
+
+
+def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
+    sharing = {"pass": frozenset(), "fail-few": few_sharing_hosts(world),
+               "fail-many": frozenset(range(world // 8)), "timeout": frozenset()}[scenario]
+    absent = {world - 1} if scenario == "timeout" else set()
+    server = Server()
+    sim_rss = _status_kib("self", "VmRSS")
+    try:
+        stores = _connect(server.port, world)
+        server_rss = server.rss_kib()
+        identities = [identity(r, world, sharing) for r in range(world)]
+        go = gevent.event.Event()
+        finished = [0.0] * world
+        verdicts: list[Any] = [None] * world
+
+        def rank(i: int) -> None:
+            go.wait()
+            verdicts[i] = exchange(stores[i], identities[i], namespace="sim", deadline=Deadline(deadline_s))
+            finished[i] = time.perf_counter()
+
+        def body(started: float) -> dict[str, Any]:
+            ranks = [gevent.spawn(rank, i) for i in range(world) if i not in absent]
+            go.set()
+            gevent.joinall(ranks, raise_error=True)
+            return {"wall_s": max(finished) - started}
+
+        ops_before = [s.ops for s in stores]
+        result = _measure(server, stores, body)
+        ops = [s.ops - before for s, before in zip(stores, ops_before)]
+        present = [r for r in range(world) if r not in absent]
+        kinds = sorted({verdicts[r].kind for r in present})
+        named = sorted({tuple(verdicts[r].details.get("missing_ranks", ())) for r in present})
+        waiting = sorted(ops[r] for r in present if r != 0)
+        result.update({
+            "ranks": world, "scenario": scenario, "verdicts": kinds, "missing_named": [list(m) for m in named],
+            "ops_median": statistics.median(waiting), "ops_max": waiting[-1], "ops_rank0": ops[0],
+            "server_rss_kib_per_rank": (server.rss_kib() - server_rss) / world,
+            "sim_peak_kib_per_rank": (_status_kib("self", "VmHWM") - sim_rss) / world,
+        })
+        for s in stores:
+            s.close()
+        return result
+    finally:
+        server.stop()
+
+
+def run_watchdog(world: int, seconds: float, tick: float = 1.0) -> dict[str, Any]:
+    """Every rank's healthy watchdog: one CHECK of the alarm key per tick, ticks spread over the ranks."""
+    server = Server()
+    try:
+        stores = _connect(server.port, world)
+        stop = gevent.event.Event()
+
+        def rank(i: int, started: float) -> None:
+            due = started + tick * i / world
+            while not stop.is_set():
+                gevent.sleep(max(0.0, due - time.perf_counter()))
+                stores[i].check([f"gpuguard/watch/default_pg/alarm/{i % 7}"])
+                due += tick
+
+        def body(started: float) -> dict[str, Any]:
+            ranks = [gevent.spawn(rank, i, started) for i in range(world)]
+            gevent.sleep(seconds)
+            stop.set()
+            gevent.joinall(ranks, raise_error=True)
+            return {}
+
+        result = _measure(server, stores, body)
+        result.update({"ranks": world, "scenario": "watchdog", "offered_per_s": world / tick})
+        for s in stores:
+            s.close()
+        return result
+    finally:
+        server.stop()
+
+
+def run_capacity(seconds: float = 5.0, clients: int = 256) -> dict[str, Any]:
+    """Requests back to back from ``clients`` connections: the server's CPU time per request."""
+    server = Server()
+    try:
+        stores = _connect(server.port, clients)
+        stop = gevent.event.Event()
+
+        def client(s: WireStore) -> None:
+            while not stop.is_set():
+                s.check(["gpuguard/watch/default_pg/alarm/0"])
+
+        def body(started: float) -> dict[str, Any]:
+            workers = [gevent.spawn(client, s) for s in stores]
+            gevent.sleep(seconds)
+            stop.set()
+            gevent.joinall(workers, raise_error=True)
+            return {}
+
+        result = _measure(server, stores, body)
+        per_request = result["server_cpu_s"] / result["requests"]
+        result.update({"scenario": "capacity", "clients": clients, "server_cpu_us_per_request": per_request * 1e6,
+                       "sustainable_per_s": 1 / per_request,
+                       "server_busy": result["server_cpu_s"] / result["wall_s"]})
+        for s in stores:
+            s.close()
+        return result
+    finally:
+        server.stop()
+
+
+def _row(r: dict[str, Any], sustainable: float) -> str:
+    n = r["ranks"]
+    load = r["requests"] / r["wall_s"]
+    ops = (f"{r['ops_median']:>5g} {r['ops_max']:>4} {r['ops_rank0']:>4}" if "ops_median" in r
+           else f"{r['requests'] / n / r['wall_s'] * 60:>5.0f}/min     ")
+    mem = (f"{r['server_rss_kib_per_rank']:>6.1f} {r['sim_peak_kib_per_rank']:>6.1f}" if "server_rss_kib_per_rank" in r
+           else f"{'':>13}")
+    verdict = ",".join(r.get("verdicts", [])) or "-"
+    return (f"{n:>6} {r['scenario']:<9} {r['wall_s']:>7.2f} {ops} {load:>8.0f} {load / sustainable:>5.0%} "
+            f"{r['server_cpu_s'] / n * 1e6:>7.0f} {r['sim_cpu_s'] / n * 1e6:>7.0f} {mem}  {verdict}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1024,4096,16384")
+    parser.add_argument("--scenarios", default="pass,fail-few,fail-many,timeout,watchdog")
+    parser.add_argument("--deadline", type=float, default=20.0, help="the check's deadline (the timeout scenario "
+                        "waits for it)")
+    parser.add_argument("--watch-s", type=float, default=10.0)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "bench_scale.json"))
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a connection per rank, here and in the server
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    if max(sizes) + 64 > hard:
+        print(f"bench_scale: {max(sizes)} ranks need as many open files; the hard limit is {hard} (ulimit -Hn)",
+              file=sys.stderr)
+        return 2
+
+    capacity = run_capacity()
+    sustainable = capacity["sustainable_per_s"]
+    print(f"one TCPStore server: {capacity['server_cpu_us_per_request']:.1f} us of CPU per request "
+          f"({capacity['requests'] / capacity['wall_s']:.0f} requests/s reached with the server "
+          f"{capacity['server_busy']:.0%} busy): at most ~{sustainable:.0f} requests/s on its one thread")
+    print(f"{'ranks':>6} {'scenario':<9} {'wall s':>7} {'ops/rank':>5} {'max':>4} {'r0':>4} {'req/s':>8} "
+          f"{'load':>5} {'srv us':>7} {'sim us':>7} {'srvKiB':>6} {'simKiB':>6}  verdict")
+    rows = []
+    for n in sizes:
+        for scenario in args.scenarios.split(","):
+            if scenario == "watchdog":
+                r = run_watchdog(n, args.watch_s)
+            else:
+                r = run_check(n, scenario, args.deadline)
+            rows.append(r)
+            print(_row(r, sustainable), flush=True)
+    print("ops/rank: store operations per rank but rank 0 (median, most), r0: rank 0's (it opens the check and "
+          "composes); watchdog: operations per rank per minute. req/s: requests the server answered per second of "
+          "the run (a get is two); load: that against the server's sustainable rate. srv us / sim us: CPU time per "
+          "rank of the server and of this simulation (its own overhead plus the check's Python code, which a real "
+          "job runs on each rank's core). srvKiB: the server's memory growth per rank; simKiB: this process's.")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"capacity": capacity, "runs": rows, "cpus": os.cpu_count(),
+                               "python": sys.version.split()[0]}, indent=2))
+    print(f"saved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

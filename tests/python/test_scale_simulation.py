@@ -1,0 +1,69 @@
+"""The scale simulation (benchmarks/bench_scale.py) measures gpuguard's real check: its wire client is a faithful
+TCPStore client (what it sets, torch's client reads, and the reverse), and its simulated ranks get the verdicts
+real ranks get: ok, a duplicate report, a timeout naming the rank that never came."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from tcp_store_wire import StoreTimeout, WireStore  # noqa: E402
+
+
+@pytest.fixture
+def server():
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=30))
+
+
+def test_the_wire_client_and_torchs_client_see_the_same_store(server):
+    wire = WireStore("127.0.0.1", server.port, timeout=10)
+    wire.set("from/wire", b"\x00bytes\xff")
+    assert server.get("from/wire") == b"\x00bytes\xff"
+    server.set("from/torch", "text")
+    assert wire.get("from/torch") == b"text"
+    assert (wire.add("n", 3), server.add("n", 2), wire.add("n", 0)) == (3, 5, 5)
+    assert wire.compare_set("owner", b"", b"first") == b"first"
+    assert wire.compare_set("owner", b"", b"second") == b"first"  # taken: the holder's value comes back
+    assert server.compare_set("owner", "first", "third") == b"third"
+    assert (wire.check(["from/wire", "n"]), wire.check(["from/wire", "absent"])) == (True, False)
+    assert (wire.delete_key("n"), wire.delete_key("n"), server.check(["n"])) == (True, False, False)
+    assert wire.ops == 10
+
+
+def test_a_wait_that_times_out_is_cancelled_and_the_connection_stays_usable(server):
+    wire = WireStore("127.0.0.1", server.port, timeout=10)
+    with pytest.raises(StoreTimeout, match=r"wait timeout after 200ms, keys: \['absent'\]"):
+        wire.wait(["absent"], datetime.timedelta(seconds=0.2))
+    wire.set_timeout(datetime.timedelta(seconds=0.2))
+    with pytest.raises(StoreTimeout, match="wait timeout"):
+        wire.get("absent")
+    server.set("absent", "now")
+    assert wire.get("absent") == b"now"  # in step: no stray STOP_WAITING from the cancelled waits
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gevent") is None,
+                    reason="the simulation's ranks are gevent greenlets: pip install gevent (CI's newest corner has it)")
+def test_simulated_ranks_get_the_verdicts_real_ranks_get(tmp_path):
+    out = tmp_path / "scale.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--sizes", "64",
+                           "--deadline", "4", "--watch-s", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {r["scenario"]: r for r in json.loads(out.read_text())["runs"]}
+    assert runs["pass"]["verdicts"] == ["ok"] and runs["pass"]["ops_median"] == 8
+    assert runs["fail-few"]["verdicts"] == runs["fail-many"]["verdicts"] == ["duplicate"]
+    assert runs["timeout"]["verdicts"] == ["timeout"] and runs["timeout"]["missing_named"] == [[63]]
+    assert 4 <= runs["timeout"]["wall_s"] < 4 + 5  # every other rank named it within the deadline + 5 s
+    assert runs["watchdog"]["requests"] >= 64  # each rank's watchdog asked at least once in its 1 s
