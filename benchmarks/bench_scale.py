@@ -122,47 +122,125 @@ def _measure(server: Server, stores: list[WireStore], body: Any) -> dict[str, An
     return result
 
 
+class DyingLeader:
+    """Rank 0's connection in the leader-dies scenario: when rank 0 has counted itself in and waits to compose the
+    verdict (its wait for ``wake``), its process dies as under SIGKILL: the connection closes, the rank ends."""
+
+    def __init__(self, inner: WireStore) -> None:
+        self.inner = inner
+        self.rank: Optional[gevent.Greenlet] = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        if any(k.endswith("/wake") for k in keys):
+            self.inner.close()
+            assert self.rank is not None
+            self.rank.kill(block=False)
+            raise gevent.GreenletExit
+        self.inner.wait(keys, timeout)
+
+
+#: The scenarios whose verdict comes at the deadline: they run under --deadline.
+TIMEOUT_SCENARIOS = ("timeout", "node-gone", "leader-dies")
+
+
 def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
-    sharing = {"pass": frozenset(), "fail-few": few_sharing_hosts(world),
-               "fail-many": frozenset(range(world // 8)), "timeout": frozenset()}[scenario]
-    absent = {world - 1} if scenario == "timeout" else set()
-    # the deadline the timeout scenario waits for; the others get one that the simulation's single thread, which
+    sharing = {"fail-few": few_sharing_hosts(world), "fail-many": frozenset(range(world // 8))}.get(
+        scenario, frozenset())
+    absent = {"timeout": {world - 1}, "node-gone": set(range(world - 8, world))}.get(scenario, set())
+    # the deadline the timeout scenarios wait for; the others get one that the simulation's single thread, which
     # runs every rank's Python in turn (about 1 ms each at 16k ranks), cannot reach
-    limit = deadline_s if scenario == "timeout" else max(deadline_s, 300.0)
+    limit = deadline_s if scenario in TIMEOUT_SCENARIOS else max(deadline_s, 300.0)
     server = Server()
     sim_rss = _status_kib("self", "VmRSS")
     try:
         stores = _connect(server.port, world)
         server_rss = server.rss_kib()
         identities = [identity(r, world, sharing) for r in range(world)]
+        clients: list[Any] = list(stores)
+        if scenario == "leader-dies":
+            clients[0] = DyingLeader(stores[0])
         go = gevent.event.Event()
         finished = [0.0] * world
         verdicts: list[Any] = [None] * world
 
         def rank(i: int) -> None:
             go.wait()
-            verdicts[i] = exchange(stores[i], identities[i], namespace="sim", deadline=Deadline(limit))
+            verdicts[i] = exchange(clients[i], identities[i], namespace="sim", deadline=Deadline(limit))
             finished[i] = time.perf_counter()
 
         def body(started: float) -> dict[str, Any]:
-            ranks = [gevent.spawn(rank, i) for i in range(world) if i not in absent]
+            ranks = {i: gevent.spawn(rank, i) for i in range(world) if i not in absent}
+            if isinstance(clients[0], DyingLeader):
+                clients[0].rank = ranks[0]
             go.set()
-            gevent.joinall(ranks, raise_error=True)
+            gevent.joinall(list(ranks.values()), raise_error=True)
             return {"wall_s": max(finished) - started}
 
         ops_before = [s.ops for s in stores]
         result = _measure(server, stores, body)
         ops = [s.ops - before for s, before in zip(stores, ops_before)]
-        present = [r for r in range(world) if r not in absent]
-        kinds = sorted({verdicts[r].kind for r in present})
-        named = sorted({tuple(verdicts[r].details.get("missing_ranks", ())) for r in present})
-        waiting = sorted(ops[r] for r in present if r != 0)
+        answered = [r for r in range(world) if verdicts[r] is not None]
+        kinds = sorted({verdicts[r].kind for r in answered})
+        named = sorted({tuple(verdicts[r].details.get("missing_ranks", ())) for r in answered})
+        waiting = sorted(ops[r] for r in answered if r != 0)
         result.update({
-            "ranks": world, "scenario": scenario, "verdicts": kinds, "missing_named": [list(m) for m in named],
+            "ranks": world, "scenario": scenario, "deadline_s": limit, "verdicts": kinds,
+            "missing_named": [list(m) for m in named], "answered": len(answered),
+            "message": verdicts[answered[-1]].message if answered else "",
             "ops_median": statistics.median(waiting), "ops_max": waiting[-1], "ops_rank0": ops[0],
             "server_rss_kib_per_rank": (server.rss_kib() - server_rss) / world,
             "sim_peak_kib_per_rank": (_status_kib("self", "VmHWM") - sim_rss) / world,
         })
+        for s in stores:
+            s.close()
+        return result
+    finally:
+        server.stop()
+
+
+def run_harness_alone(world: int) -> dict[str, Any]:
+    """The simulation's own cost: every rank makes the passing check's store requests (wait for and get ``lead``,
+    two compare_sets, add, set, add, set, and rank 0 waits for ``wake`` and sets the verdict the others get), with
+    none of gpuguard's code. The check's Python per rank is the passing run's sim CPU less this one's."""
+    server = Server()
+    try:
+        stores = _connect(server.port, world)
+        go = gevent.event.Event()
+        finished = [0.0] * world
+
+        def rank(i: int) -> None:
+            go.wait()
+            s = stores[i]
+            if i == 0:
+                s.set("h/lead", b"epoch")
+            else:
+                s.get("h/lead")
+            record = b"r" * 150
+            s.compare_set(f"h/rec/{i}", b"", record)
+            s.compare_set(f"h/dev/{i}", b"", record)
+            s.add(f"h/host/{i // 8}", 1)
+            s.set(f"h/pid/{i}", str(i))
+            if s.add("h/arrived", 1) == world:
+                s.set("h/wake", b"1")
+            s.set(f"h/done/{i}", b"1")
+            if i == 0:
+                s.wait(["h/wake"])
+                s.set("h/verdict", b"{}")
+            else:
+                s.get("h/verdict")
+            finished[i] = time.perf_counter()
+
+        def body(started: float) -> dict[str, Any]:
+            ranks = [gevent.spawn(rank, i) for i in range(world)]
+            go.set()
+            gevent.joinall(ranks, raise_error=True)
+            return {"wall_s": max(finished) - started}
+
+        result = _measure(server, stores, body)
+        result.update({"ranks": world, "scenario": "harness", "verdicts": ["-"]})
         for s in stores:
             s.close()
         return result
@@ -233,19 +311,24 @@ def run_capacity(seconds: float = 5.0, clients: int = 256) -> dict[str, Any]:
 def _row(r: dict[str, Any], sustainable: float) -> str:
     n = r["ranks"]
     load = r["requests"] / r["wall_s"]
-    ops = (f"{r['ops_median']:>5g} {r['ops_max']:>4} {r['ops_rank0']:>4}" if "ops_median" in r
-           else f"{r['requests'] / n / r['wall_s'] * 60:>5.0f}/min     ")
+    if "ops_median" in r:
+        ops = f"{r['ops_median']:>5g} {r['ops_max']:>4} {r['ops_rank0']:>4}"
+    elif r["scenario"] == "watchdog":
+        ops = f"{r['requests'] / n / r['wall_s'] * 60:>5.0f}/min     "
+    else:
+        ops = f"{r['requests'] / n:>5.1f} req      "
     mem = (f"{r['server_rss_kib_per_rank']:>6.1f} {r['sim_peak_kib_per_rank']:>6.1f}" if "server_rss_kib_per_rank" in r
            else f"{'':>13}")
     verdict = ",".join(r.get("verdicts", [])) or "-"
-    return (f"{n:>6} {r['scenario']:<9} {r['wall_s']:>7.2f} {ops} {load:>8.0f} {load / sustainable:>5.0%} "
+    return (f"{n:>6} {r['scenario']:<11} {r['wall_s']:>7.2f} {ops} {load:>8.0f} {load / sustainable:>5.0%} "
             f"{r['server_cpu_s'] / n * 1e6:>7.0f} {r['sim_cpu_s'] / n * 1e6:>7.0f} {mem}  {verdict}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,4096,16384")
-    parser.add_argument("--scenarios", default="pass,fail-few,fail-many,timeout,watchdog")
+    parser.add_argument("--scenarios", default="harness,pass,fail-few,fail-many,timeout,node-gone,leader-dies,"
+                                                "watchdog")
     parser.add_argument("--deadline", type=float, default=20.0, help="the check's deadline (the timeout scenario "
                         "waits for it)")
     parser.add_argument("--watch-s", type=float, default=10.0)
@@ -264,13 +347,15 @@ def main() -> int:
     print(f"one TCPStore server: {capacity['server_cpu_us_per_request']:.1f} us of CPU per request "
           f"({capacity['requests'] / capacity['wall_s']:.0f} requests/s reached with the server "
           f"{capacity['server_busy']:.0%} busy): at most ~{sustainable:.0f} requests/s on its one thread")
-    print(f"{'ranks':>6} {'scenario':<9} {'wall s':>7} {'ops/rank':>5} {'max':>4} {'r0':>4} {'req/s':>8} "
+    print(f"{'ranks':>6} {'scenario':<11} {'wall s':>7} {'ops/rank':>5} {'max':>4} {'r0':>4} {'req/s':>8} "
           f"{'load':>5} {'srv us':>7} {'sim us':>7} {'srvKiB':>6} {'simKiB':>6}  verdict")
     rows = []
     for n in sizes:
         for scenario in args.scenarios.split(","):
             if scenario == "watchdog":
                 r = run_watchdog(n, args.watch_s)
+            elif scenario == "harness":
+                r = run_harness_alone(n)
             else:
                 r = run_check(n, scenario, args.deadline)
             rows.append(r)

@@ -184,6 +184,21 @@ def test_a_rank_that_never_arrives_is_named_in_the_timeout(master):
     assert info.value.details["missing_ranks"] == [2]
 
 
+def test_a_whole_node_that_never_arrives_is_named_as_a_node(master):
+    nodes = {r: ident(r, 16, r % 8, host="node-b" if r >= 8 else "node-a", local_world_size=8) for r in range(16)}
+    verdicts, _ = run_ranks(master, [nodes[r] for r in range(8)], timeout=1.0)
+    message = verdicts[0].message
+    assert message.startswith(
+        "ranks 8, 9, 10, 11, 12, 13, 14, 15 of group 'default' did not reach gpuguard's placement check within 1 s "
+        "(8 of 16 arrived). Ranks 8-15 are all the ranks of one node if the launcher placed 8 consecutive ranks per "
+        "node (torchrun does, and so does srun's default block distribution): that node is then down or "
+        "unreachable, or the launcher never started the job there (its log for that node says which)."), message
+    assert verdicts[0].details["missing_nodes"] == [[8, 15]]
+    # a node's ranks, some of which arrived, are ranks, not a node
+    verdicts, _ = run_ranks(master, [nodes[r] for r in range(12)], namespace="t2", timeout=1.0)
+    assert "missing_nodes" not in verdicts[0].details and "one node" not in verdicts[0].message
+
+
 def test_a_late_rank_is_told_it_came_late_not_that_it_never_arrived(master):
     verdicts, _ = run_ranks(master, [ident(r, 4, r) for r in (0, 1, 3)], timeout=1.0)
     assert verdicts[0].details["never_arrived"] == [2]

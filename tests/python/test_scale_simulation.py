@@ -64,6 +64,21 @@ def test_simulated_ranks_get_the_verdicts_real_ranks_get(tmp_path):
     runs = {r["scenario"]: r for r in json.loads(out.read_text())["runs"]}
     assert runs["pass"]["verdicts"] == ["ok"] and runs["pass"]["ops_median"] == 8
     assert runs["fail-few"]["verdicts"] == runs["fail-many"]["verdicts"] == ["duplicate"]
-    assert runs["timeout"]["verdicts"] == ["timeout"] and runs["timeout"]["missing_named"] == [[63]]
-    assert 4 <= runs["timeout"]["wall_s"] < 4 + 5  # every other rank named it within the deadline + 5 s
+    assert runs["fail-few"]["message"].startswith("24 ranks of group 'default' share 12 GPUs.")
+    # every surviving rank gets the named verdict within the deadline + 5 s
+    for scenario, survivors, named in (("timeout", 63, [63]), ("node-gone", 56, list(range(56, 64))),
+                                       ("leader-dies", 63, [0])):
+        run = runs[scenario]
+        assert run["verdicts"] == ["timeout"] and run["answered"] == survivors, run
+        assert run["missing_named"] == [named], run
+        assert 4 <= run["wall_s"] < 4 + 5, run
+    assert runs["node-gone"]["message"].startswith(
+        "ranks 56, 57, 58, 59, 60, 61, 62, 63 of group 'default' did not reach gpuguard's placement check within "
+        "4 s (56 of 64 arrived). Ranks 56-63 are all the ranks of one node if the launcher placed 8 consecutive "
+        "ranks per node"), runs["node-gone"]["message"]
+    assert runs["leader-dies"]["message"].startswith(
+        "every rank of group 'default' reached gpuguard's placement check within 4 s, but rank 0 (host node-0000, "
+        "pid 10000), which writes the verdict once all have arrived, went silent before writing it"), \
+        runs["leader-dies"]["message"]
     assert runs["watchdog"]["requests"] >= 64  # each rank's watchdog asked at least once in its 1 s
+    assert runs["harness"]["requests"] >= 64 * 10  # the passing check's requests, without gpuguard

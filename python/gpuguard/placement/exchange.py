@@ -306,6 +306,16 @@ def _format_ranks(ranks: list[int], limit: int = 32) -> str:
     return shown + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")
 
 
+def _whole_nodes(never: list[int], per_node: int, world_size: int) -> list[tuple[int, int]]:
+    """The blocks of ``per_node`` consecutive ranks (0-7, 8-15, ...) of which not one arrived: under the usual
+    placement (torchrun, srun's default block distribution) each is every rank of one node."""
+    if per_node < 2 or world_size % per_node or world_size == per_node:
+        return []
+    missing = set(never)
+    return [(start, start + per_node - 1) for start in range(0, world_size, per_node)
+            if all(r in missing for r in range(start, start + per_node))]
+
+
 def _who(store: CheckedStore, rank: int) -> dict:
     """A rank's host and pid from its record (it arrived, so it has one)."""
     try:
@@ -360,6 +370,17 @@ def _timeout_verdict(store: CheckedStore, me: RankIdentity, timeout: float) -> V
     head += f", {finished} finished)." if silent else ")."
     if absent.unexamined:
         head += f" ({absent.unexamined} ranks were not examined: too many missing to name.)"
+    nodes = _whole_nodes(never, me.local_world_size, n)
+    if nodes:
+        details["missing_nodes"] = [list(block) for block in nodes[:64]]
+        blocks = ", ".join(f"{a}-{b}" for a, b in nodes[:8])
+        blocks += f" and {len(nodes) - 8} more" if len(nodes) > 8 else ""
+        one = len(nodes) == 1
+        head += (f" Ranks {blocks} are {'all the ranks of one node' if one else f'{len(nodes)} whole nodes'} if the "
+                 f"launcher placed {me.local_world_size} consecutive ranks per node (torchrun does, and so does "
+                 f"srun's default block distribution): {'that node is' if one else 'those nodes are'} then down or "
+                 f"unreachable, or the launcher never started the job there (its log for "
+                 f"{'that node' if one else 'them'} says which).")
     if silent:
         pids = ", ".join(f"{w['pid']} on {w['host'] or 'its host'}" for w in silent_who[:3])
         head += (f" A silent rank died, was stopped (SIGSTOP, a debugger) or hangs after it arrived: `ps -o stat= "
