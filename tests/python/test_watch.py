@@ -398,7 +398,7 @@ w = watcher._active
 started_at_init = w._dog is not None  # right after init_process_group, before any collective
 dist.all_reduce(torch.ones(2))
 print(json.dumps({"lazy": started_before_init, "wrapped_before": wrapped_before_init, "at_init": started_at_init,
-                  "threshold": w.stall_threshold_s, "ops": w.store_ops, "recorder": w.source.reader is not None,
+                  "threshold": w.stall_threshold_s, "tick": w.tick_s, "ops": w.store_ops, "recorder": w.source.reader is not None,
                   "wrapped_after": hasattr(dist.all_reduce, "__gpuguard_original__")}))
 w.stop()
 print(json.dumps({"restored": not hasattr(dist.all_reduce, "__gpuguard_original__")
@@ -416,6 +416,7 @@ def test_bind_watch_starts_at_init_with_the_adaptive_floor_and_stop_restores(fak
     recorder = not gloo_recorder_missing()
     assert first["recorder"] == recorder and first["wrapped_after"] == (not recorder), first
     assert first["threshold"] == 60.0  # adaptive: nothing seen yet, so the floor
+    assert first["tick"] == 1.0  # bind(watch=True) gives no tick: a job this size checks every second
     assert second == {"restored": True}
 
 
@@ -476,3 +477,13 @@ def test_the_stack_dumper_reads_this_thread_or_says_why_it_cannot():
     assert unarmed.stdout == (f"(no stack: Python {sys.version.split()[0]} does not export _Py_DumpTracebackThreads, "
                               f"which gpuguard needs to read stacks without the GIL, and faulthandler's signal "
                               f"handler was not registered in its place)\n"), unarmed.stderr
+
+
+def test_the_default_tick_keeps_a_whole_jobs_checks_within_one_stores_reach():
+    """One check per rank per tick; bench_scale.py measured ~105,000 requests/s on one TCPStore's thread."""
+    from gpuguard.watchdog.watcher import JOB_CHECKS_PER_S, default_tick
+
+    assert [default_tick(n) for n in (1, 8, 16_384, 20_000)] == [1.0] * 4  # nothing changes below 20,000 ranks
+    assert (default_tick(40_000), default_tick(100_000)) == (2.0, 5.0)
+    for n in (1, 1_000, 16_384, 50_000, 100_000, 1_000_000):
+        assert n / default_tick(n) <= JOB_CHECKS_PER_S

@@ -39,8 +39,21 @@ MIN_STALL_S = 60.0
 _active: Optional["Watch"] = None
 _generation = 0
 
+#: The healthy watchdogs of a job together make at most this many store operations per second (one per rank per
+#: tick): about a fifth of what one TCPStore server's thread answers (benchmarks/bench_scale.py measured 9.2 to
+#: 9.7 us of its CPU per request, ~105,000 per second), leaving the rest to torch and to reports.
+JOB_CHECKS_PER_S = 20000.0
+#: The tick of a job small enough that JOB_CHECKS_PER_S does not bind (up to 20,000 ranks).
+DEFAULT_TICK_S = 1.0
 
-def _check_arguments(stall_after: Optional[float], on_stall: str, tick: float, gather: float) -> None:
+
+def default_tick(world_size: int) -> float:
+    """Seconds between a rank's checks when watch() is not given a tick: 1 s, or longer in a job so large that
+    one check per rank per second would load its one store past JOB_CHECKS_PER_S (5 s at 100,000 ranks)."""
+    return max(DEFAULT_TICK_S, world_size / JOB_CHECKS_PER_S)
+
+
+def _check_arguments(stall_after: Optional[float], on_stall: str, tick: Optional[float], gather: float) -> None:
     if stall_after is not None and (isinstance(stall_after, bool) or not isinstance(stall_after, (int, float))
                                     or not stall_after > 0):
         raise ValueError(f"stall_after={stall_after!r}: give the seconds a collective may wait, a positive number, "
@@ -49,6 +62,8 @@ def _check_arguments(stall_after: Optional[float], on_stall: str, tick: float, g
         raise ValueError(f"on_stall={on_stall!r}: use 'report' (print the report, keep running) or 'raise' (print "
                          f"it, then end the process with exit code {STALL_EXIT_CODE} so the scheduler restarts it)")
     for name, value in (("tick", tick), ("gather", gather)):
+        if name == "tick" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"{name}={value!r}: give seconds, a positive number")
 
@@ -92,7 +107,7 @@ class Watch:
     """One rank's running watchdog (see watch()). stop() ends it and restores torch.distributed."""
 
     def __init__(self, *, stall_after: Optional[float], on_stall: str, store: Any, report_dir: Optional[str],
-                 tick: float, gather: float) -> None:
+                 tick: Optional[float], gather: float) -> None:
         global _generation
         _generation += 1
         self.stall_after = stall_after
@@ -109,6 +124,7 @@ class Watch:
         self._sites: Optional[SiteAnswerer] = None
         self.source: Optional[ProgressSource] = None
         self.report_path: Optional[str] = None
+        self.tick_s: Optional[float] = None  # the tick in use, once the watchdog started
         if not (dist.is_available() and dist.is_initialized()):
             ask_torch_to_record()  # torch before 2.11: its recorder keeps no entries unless asked before it exists
         else:
@@ -123,6 +139,7 @@ class Watch:
     def _start(self) -> Watchdog:
         host, port = _store_address(self._store)
         rank, world_size = dist.get_rank(), dist.get_world_size()
+        self.tick_s = self._tick if self._tick is not None else default_tick(world_size)
         run = os.environ.get("TORCHELASTIC_RUN_ID", "job") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
         self.report_path = os.path.join(directory, f"gpuguard-stall-rank{rank}-pid{os.getpid()}.json")
@@ -138,7 +155,7 @@ class Watch:
         dog = Watchdog(
             store_host=host, store_port=port, prefix=f"gpuguard/watch/{run}/{self._generation}/", rank=rank,
             world_size=world_size, host=socket.gethostname(), pid=os.getpid(), gpu=_gpu_uuid(),
-            stall_after_s=float(self.stall_after or 0), min_stall_s=MIN_STALL_S, tick_s=float(self._tick),
+            stall_after_s=float(self.stall_after or 0), min_stall_s=MIN_STALL_S, tick_s=float(self.tick_s),
             gather_s=float(self._gather), report_path=self.report_path, exit_on_stall=self.on_stall == "raise",
             exit_code=STALL_EXIT_CODE, flight_recorder=source.reader, recorder_sources=source.sources,
             source_note=source.note, calls_note=source.calls_note)
@@ -258,7 +275,7 @@ class Watch:
 
 
 def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
-          store: Union[None, Any, tuple[str, int]] = None, report_dir: Optional[str] = None, tick: float = 1.0,
+          store: Union[None, Any, tuple[str, int]] = None, report_dir: Optional[str] = None, tick: Optional[float] = None,
           gather: float = 5.0) -> Watch:
     """Watches this rank's collectives; call it on every rank. Returns the running Watch (stop() ends it).
 
@@ -271,8 +288,10 @@ def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
     else from wrappers of torch.distributed's collective functions; the report says which.
     on_stall="raise" ends the process (exit code 75) after the report; "report" never stops the job.
     store: the job's TCPStore, or (host, port); default: the default process group's.
-    tick: seconds between the watchdog's checks (one store operation each); gather: how long the rank that
-    composes the report waits for ranks that do not answer (then named dead or unreachable).
+    tick: seconds between the watchdog's checks (one store operation each); None: 1 s, or world size / 20,000 s
+    in a job of more than 20,000 ranks, so that the job's checks stay within what one TCPStore answers (5 s at
+    100,000 ranks). gather: how long the rank that composes the report waits for ranks that do not answer (then
+    named dead or unreachable).
     Call it before or after init_process_group(); the watchdog starts with the first collective then.
     """
     global _active
