@@ -54,7 +54,8 @@ def test_a_wait_that_times_out_is_cancelled_and_the_connection_stays_usable(serv
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("gevent") is None,
-                    reason="the simulation's ranks are gevent greenlets: pip install gevent (CI's newest corner has it)")
+                    reason="the simulation's ranks are gevent greenlets: pip install gevent (CI's newest corner "
+                           "has it)")
 def test_simulated_ranks_get_the_verdicts_real_ranks_get(tmp_path):
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--sizes", "64",

@@ -398,7 +398,8 @@ w = watcher._active
 started_at_init = w._dog is not None  # right after init_process_group, before any collective
 dist.all_reduce(torch.ones(2))
 print(json.dumps({"lazy": started_before_init, "wrapped_before": wrapped_before_init, "at_init": started_at_init,
-                  "threshold": w.stall_threshold_s, "tick": w.tick_s, "ops": w.store_ops, "recorder": w.source.reader is not None,
+                  "threshold": w.stall_threshold_s, "tick": w.tick_s, "ops": w.store_ops,
+                  "recorder": w.source.reader is not None,
                   "wrapped_after": hasattr(dist.all_reduce, "__gpuguard_original__")}))
 w.stop()
 print(json.dumps({"restored": not hasattr(dist.all_reduce, "__gpuguard_original__")

@@ -40,8 +40,8 @@ _active: Optional["Watch"] = None
 _generation = 0
 
 #: The healthy watchdogs of a job together make at most this many store operations per second (one per rank per
-#: tick): about a fifth of what one TCPStore server's thread answers (benchmarks/bench_scale.py measured 9.2 to
-#: 9.7 us of its CPU per request, ~105,000 per second), leaving the rest to torch and to reports.
+#: tick): at most a fifth of what one TCPStore server's thread answers (benchmarks/bench_scale.py measured 5.4 to
+#: 9.7 us of its CPU per request: 100,000 to 185,000 a second), leaving the rest to torch and to reports.
 JOB_CHECKS_PER_S = 20000.0
 #: The tick of a job small enough that JOB_CHECKS_PER_S does not bind (up to 20,000 ranks).
 DEFAULT_TICK_S = 1.0
@@ -275,8 +275,8 @@ class Watch:
 
 
 def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
-          store: Union[None, Any, tuple[str, int]] = None, report_dir: Optional[str] = None, tick: Optional[float] = None,
-          gather: float = 5.0) -> Watch:
+          store: Union[None, Any, tuple[str, int]] = None, report_dir: Optional[str] = None,
+          tick: Optional[float] = None, gather: float = 5.0) -> Watch:
     """Watches this rank's collectives; call it on every rank. Returns the running Watch (stop() ends it).
 
     When a collective has waited longer than ``stall_after`` seconds (None: adaptive, four times the longest
