@@ -7,12 +7,18 @@ speak the TCPStore wire protocol (tcp_store_wire.py, pure Python, so that gevent
 thread carries every rank, where bench_placement.py's thousands of threads on 2 cores measured mostly their own
 scheduling. Connections are made before the clock starts. Scenarios per size:
 
+  harness     the simulation alone: the passing check's store requests, none of gpuguard's code
   pass        every rank on a GPU of its own
   fail-few    three hosts put two ranks on each of half their GPUs (12 shared GPUs, whatever the size)
   fail-many   every host does (a quarter of the GPUs shared)
   timeout     the last rank never arrives; every other rank must name it (deadline --deadline s)
+  node-gone   the last node's 8 ranks never arrive (deadline --deadline s)
+  leader-dies rank 0 dies after counting itself in, before it composes the verdict (deadline --deadline s)
   watchdog    every rank makes the healthy watchdog's one store operation per tick (a CHECK of the alarm key,
               tick 1 s) for --watch-s seconds
+
+The timeout scenarios pass at 1,024 ranks; from 4,096 up, this one thread cannot run thousands of ranks' timeouts
+at one instant within the 0.5 s a store call gets past its timeout, and the run stops there.
 
 Measured per run: wall time from the start to the last rank's verdict; store operations per rank (median and
 most, and rank 0's, which composes); requests per second the server answered; CPU time of the server process
