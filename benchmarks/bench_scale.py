@@ -40,6 +40,7 @@ from gevent import monkey
 monkey.patch_all()  # before anything imports socket or threading: the ranks are greenlets
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -48,7 +49,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Optional  # noqa: E402
+from typing import Any, Iterator, Optional  # noqa: E402
 
 import gevent  # noqa: E402
 import gevent.event  # noqa: E402
@@ -100,6 +101,20 @@ def _status_kib(pid: Any, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
+
+
+@contextlib.contextmanager
+def _serving(n: int) -> Iterator[tuple[Server, list[WireStore]]]:
+    """A fresh server and ``n`` connections to it (made before any clock starts); closed and stopped after."""
+    server = Server()
+    stores: list[WireStore] = []
+    try:
+        stores = _connect(server.port, n)
+        yield server, stores
+    finally:
+        for s in stores:
+            s.close()
+        server.stop()
 
 
 def _connect(port: int, n: int) -> list[WireStore]:
@@ -159,10 +174,8 @@ def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
     # the deadline the timeout scenarios wait for; the others get one that the simulation's single thread, which
     # runs every rank's Python in turn (about 1 ms each at 16k ranks), cannot reach
     limit = deadline_s if scenario in TIMEOUT_SCENARIOS else max(deadline_s, 300.0)
-    server = Server()
     sim_rss = _status_kib("self", "VmRSS")
-    try:
-        stores = _connect(server.port, world)
+    with _serving(world) as (server, stores):
         server_rss = server.rss_kib()
         identities = [identity(r, world, sharing) for r in range(world)]
         clients: list[Any] = list(stores)
@@ -200,20 +213,14 @@ def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
             "server_rss_kib_per_rank": (server.rss_kib() - server_rss) / world,
             "sim_peak_kib_per_rank": (_status_kib("self", "VmHWM") - sim_rss) / world,
         })
-        for s in stores:
-            s.close()
         return result
-    finally:
-        server.stop()
 
 
 def run_harness_alone(world: int) -> dict[str, Any]:
     """The simulation's own cost: every rank makes the passing check's store requests (wait for and get ``lead``,
     two compare_sets, add, set, add, set, and rank 0 waits for ``wake`` and sets the verdict the others get), with
     none of gpuguard's code. The check's Python per rank is the passing run's sim CPU less this one's."""
-    server = Server()
-    try:
-        stores = _connect(server.port, world)
+    with _serving(world) as (server, stores):
         go = gevent.event.Event()
         finished = [0.0] * world
 
@@ -247,18 +254,12 @@ def run_harness_alone(world: int) -> dict[str, Any]:
 
         result = _measure(server, stores, body)
         result.update({"ranks": world, "scenario": "harness", "verdicts": ["-"]})
-        for s in stores:
-            s.close()
         return result
-    finally:
-        server.stop()
 
 
 def run_watchdog(world: int, seconds: float, tick: float = 1.0) -> dict[str, Any]:
     """Every rank's healthy watchdog: one CHECK of the alarm key per tick, ticks spread over the ranks."""
-    server = Server()
-    try:
-        stores = _connect(server.port, world)
+    with _serving(world) as (server, stores):
         stop = gevent.event.Event()
 
         def rank(i: int, started: float) -> None:
@@ -277,18 +278,12 @@ def run_watchdog(world: int, seconds: float, tick: float = 1.0) -> dict[str, Any
 
         result = _measure(server, stores, body)
         result.update({"ranks": world, "scenario": "watchdog", "offered_per_s": world / tick})
-        for s in stores:
-            s.close()
         return result
-    finally:
-        server.stop()
 
 
 def run_capacity(seconds: float = 5.0, clients: int = 256) -> dict[str, Any]:
     """Requests back to back from ``clients`` connections: the server's CPU time per request."""
-    server = Server()
-    try:
-        stores = _connect(server.port, clients)
+    with _serving(clients) as (server, stores):
         stop = gevent.event.Event()
 
         def client(s: WireStore) -> None:
@@ -307,11 +302,7 @@ def run_capacity(seconds: float = 5.0, clients: int = 256) -> dict[str, Any]:
         result.update({"scenario": "capacity", "clients": clients, "server_cpu_us_per_request": per_request * 1e6,
                        "sustainable_per_s": 1 / per_request,
                        "server_busy": result["server_cpu_s"] / result["wall_s"]})
-        for s in stores:
-            s.close()
         return result
-    finally:
-        server.stop()
 
 
 def _row(r: dict[str, Any], sustainable: float) -> str:

@@ -19,7 +19,7 @@ import itertools
 import os
 import socket
 import struct
-from typing import Union
+from typing import Optional, Union
 
 VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY = range(9)
 CANCEL_WAIT, PING = 12, 13
@@ -139,7 +139,7 @@ class WireStore:
             raise RuntimeError(f"the server answered CHECK with byte {answer}")
         return answer == CHECK_READY
 
-    def wait(self, keys: list[str], timeout: datetime.timedelta = None) -> None:  # type: ignore[assignment]
+    def wait(self, keys: list[str], timeout: Optional[datetime.timedelta] = None) -> None:
         self.ops += 1
         self._wait(list(keys), (timeout or self._timeout).total_seconds())
 
