@@ -1,0 +1,143 @@
+// NodeRelay: the page a node's leader writes and the node's other ranks read (the watchdog's per-node tier).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "gpuguard/node_relay.h"
+
+namespace {
+
+using gpuguard::NodeRelay;
+
+std::string fresh_path(const char* name) {
+  std::string path = ::testing::TempDir() + "gpuguard-relay-" + name + "-" + std::to_string(::getpid());
+  std::remove(path.c_str());
+  return path;
+}
+
+TEST(NodeRelay, AFollowerReadsTheLeadersLastAnswer) {
+  auto path = fresh_path("answer");
+  auto leader = NodeRelay::create(path);
+  ASSERT_TRUE(leader.ok()) << leader.error().message();
+  auto follower = NodeRelay::open(path);
+  ASSERT_TRUE(follower.ok()) << follower.error().message();
+  EXPECT_FALSE(follower.value().read().has_value()) << "no answer before the leader's first check";
+  leader.value().publish(7, false);
+  auto reading = follower.value().read();
+  ASSERT_TRUE(reading.has_value());
+  EXPECT_EQ(reading->epoch, 7u);
+  EXPECT_FALSE(reading->alarm);
+  EXPECT_LT(reading->age_s, 1.0);
+  leader.value().publish(8, true);
+  reading = follower.value().read();
+  ASSERT_TRUE(reading.has_value());
+  EXPECT_EQ(reading->epoch, 8u);
+  EXPECT_TRUE(reading->alarm);
+}
+
+TEST(NodeRelay, TheAnswerAges) {
+  auto path = fresh_path("age");
+  auto leader = NodeRelay::create(path);
+  ASSERT_TRUE(leader.ok());
+  leader.value().publish(1, false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  auto reading = NodeRelay::open(path).value().read();
+  ASSERT_TRUE(reading.has_value());
+  EXPECT_GE(reading->age_s, 0.1);
+}
+
+TEST(NodeRelay, NoPageIsAnErrorNamingThePath) {
+  auto path = fresh_path("missing");
+  auto follower = NodeRelay::open(path);
+  ASSERT_FALSE(follower.ok());
+  EXPECT_NE(follower.error().message().find(path), std::string::npos) << follower.error().message();
+}
+
+TEST(NodeRelay, AFileThatIsNotAPageReadsAsNothing) {
+  auto path = fresh_path("garbage");
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << std::string(4096, 'x');
+  }
+  auto follower = NodeRelay::open(path);
+  ASSERT_TRUE(follower.ok()) << follower.error().message();
+  EXPECT_FALSE(follower.value().read().has_value());
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << "short";
+  }
+  auto short_page = NodeRelay::open(path);
+  ASSERT_FALSE(short_page.ok());
+  EXPECT_NE(short_page.error().message().find("not a gpuguard relay page"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(NodeRelay, ALeaderThatStopsLeavesNoAnswerAndNoFile) {
+  auto path = fresh_path("stopped");
+  auto follower_of = [&] { return NodeRelay::open(path); };
+  std::optional<NodeRelay> follower;
+  {
+    auto leader = NodeRelay::create(path);
+    ASSERT_TRUE(leader.ok());
+    leader.value().publish(3, false);
+    auto opened = follower_of();
+    ASSERT_TRUE(opened.ok());
+    follower.emplace(std::move(opened).value());
+    ASSERT_TRUE(follower->read().has_value());
+  }
+  EXPECT_FALSE(follower->read().has_value());
+  EXPECT_FALSE(follower_of().ok()) << "the leader's page is unlinked when it stops";
+}
+
+TEST(NodeRelay, ALeaderTakesOverAPageACrashedRunLeft) {
+  auto path = fresh_path("takeover");
+  auto crashed = NodeRelay::create(path);
+  ASSERT_TRUE(crashed.ok());
+  crashed.value().publish(41, true);
+  auto leader = NodeRelay::create(path);  // same path, while the old mapping still exists
+  ASSERT_TRUE(leader.ok());
+  auto follower = NodeRelay::open(path);
+  ASSERT_TRUE(follower.ok());
+  EXPECT_FALSE(follower.value().read().has_value()) << "the old run's answer must not be taken for this run's";
+  leader.value().publish(0, false);
+  ASSERT_TRUE(follower.value().read().has_value());
+  EXPECT_EQ(follower.value().read()->epoch, 0u);
+}
+
+// Another process of the node reads the leader's answers while it writes them: never a torn answer.
+TEST(NodeRelay, AnotherProcessNeverReadsATornAnswer) {
+  auto path = fresh_path("torn");
+  auto leader = NodeRelay::create(path);
+  ASSERT_TRUE(leader.ok());
+  leader.value().publish(0, false);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto follower = NodeRelay::open(path);
+    if (!follower.ok()) ::_exit(2);
+    std::uint64_t last = 0, readings = 0;
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < end) {
+      auto r = follower.value().read();
+      if (!r) continue;
+      if (r->alarm != (r->epoch % 2 == 1) || r->epoch < last) ::_exit(3);  // an answer out of step: torn
+      last = r->epoch;
+      ++readings;
+    }
+    ::_exit(readings > 0 && last > 0 ? 0 : 4);
+  }
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
+  for (std::uint64_t epoch = 1; std::chrono::steady_clock::now() < end; ++epoch) leader.value().publish(epoch, epoch % 2 == 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no page, 3: a torn or backward answer, 4: no reading";
+}
+
+}  // namespace
