@@ -1,6 +1,8 @@
 // The collective watchdog's thread and its store protocol (see ARCHITECTURE.md, "Data flow of watch()").
 //
-// Healthy: one store operation per rank per tick (check whether an alarm of the current epoch exists). A rank
+// Healthy: one store operation per rank per tick (check whether an alarm of the current epoch exists), or, with
+// the per-node tier, one per node: the node's leader writes the answer to a shared page (node_relay.h) that the
+// other ranks of the node read instead, falling back to the store whenever that answer is missing or old. A rank
 // that has waited in a collective past the threshold raises the alarm (compare_set: the first one composes the
 // report). At an alarm, every rank publishes its progress and its Python stack (two operations), the composer
 // reads them all at once (multi_get) and publishes one report, every rank reads it (two operations) and prints it.
@@ -61,6 +63,15 @@ Watchdog::Watchdog(WatchdogOptions options, StackDumper dump_stack)
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot reach the job's store at " + options_.store_host + ":" +
                              std::to_string(options_.store_port) + ": " + e.what());
+  }
+  if (options_.node_leader && !options_.node_relay_path.empty()) {
+    auto page = NodeRelay::create(options_.node_relay_path);
+    if (!page.ok()) {  // the tier is an optimisation: without it this node's ranks ask the store themselves
+      write_all(2, "gpuguard.watch: rank " + std::to_string(options_.rank) + ": no per-node relay (" +
+                       page.error().message() + "); this node's ranks each ask the job's store\n");
+    } else {
+      relay_.emplace(std::move(page).value());
+    }
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -377,15 +388,45 @@ void Watchdog::run() {
   }
 }
 
+double Watchdog::relay_max_age_s() const { return 3 * options_.tick_s; }
+
+// A follower of the per-node tier: whether the leader's page says, recently enough, that the alarm of this
+// rank's epoch does not exist. Anything else (no page yet, another epoch, an alarm, an old answer) sends the rank
+// to the store, so a leader that died or stalls costs its node one store operation per rank per tick again,
+// never a missed alarm.
+bool Watchdog::alarm_known_absent() {
+  if (options_.node_relay_path.empty() || options_.node_leader) return false;
+  if (!relay_) {
+    auto page = NodeRelay::open(options_.node_relay_path);
+    if (!page.ok()) {
+      unrelayed_ticks_ += 1;
+      return false;
+    }
+    relay_.emplace(std::move(page).value());
+  }
+  auto reading = relay_->read();
+  if (reading && reading->epoch == epoch_ && !reading->alarm && reading->age_s <= relay_max_age_s()) {
+    relayed_ticks_ += 1;
+    return true;
+  }
+  unrelayed_ticks_ += 1;
+  return false;
+}
+
 void Watchdog::tick() {
   refresh_recorder();
   poll_pending();
   auto& store = *store_;
   std::string alarm_key = key("alarm/" + std::to_string(epoch_));
-  store_ops_ += 1;
   bool composer = false;
   std::string alarm;
-  if (!value_or_throw(store.check({alarm_key}))) {
+  bool exists = false;
+  if (!alarm_known_absent()) {
+    store_ops_ += 1;
+    exists = value_or_throw(store.check({alarm_key}));
+    if (options_.node_leader && relay_) relay_->publish(epoch_, exists);
+  }
+  if (!exists) {
     std::string mine;
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -24,6 +24,7 @@
 
 #include "gpuguard/error.h"
 #include "gpuguard/flight_recorder.h"
+#include "gpuguard/node_relay.h"
 #include "gpuguard/stall_report.h"
 
 namespace gpuguard {
@@ -42,6 +43,10 @@ struct WatchdogOptions {
   double stall_after_s = 0;     // > 0: fixed threshold; 0: adaptive, at least min_stall_s
   double min_stall_s = 60;
   double tick_s = 1;            // one store operation per rank per tick while healthy
+  // The per-node tier: "" = none. Else the node's relay page (node_relay.h): the node's leader asks the store
+  // each tick and writes the answer there; the others read it and ask the store only when it is missing or old.
+  std::string node_relay_path;
+  bool node_leader = false;
   double gather_s = 5;          // how long the rank composing the report waits for silent ranks
   std::string report_path;      // the JSON report, written on every rank ("" = none)
   bool exit_on_stall = false;   // on_stall="raise": end the process (exit_code) once the report is out
@@ -96,6 +101,11 @@ class Watchdog {
   void stop();
   double stall_threshold_s() const;
   std::uint64_t store_ops() const { return store_ops_.load(); }
+  // Healthy ticks answered by the node's relay page instead of the store; ticks that had to ask the store
+  // because the page was missing, another epoch's, or older than relay_max_age_s().
+  std::uint64_t relayed_ticks() const { return relayed_ticks_.load(); }
+  std::uint64_t unrelayed_ticks() const { return unrelayed_ticks_.load(); }
+  double relay_max_age_s() const;
   std::uint64_t reports() const { return reports_.load(); }
   std::string last_report_json() const;
 
@@ -137,6 +147,8 @@ class Watchdog {
   WatchdogOptions options_;
   StackDumper dump_stack_;
   std::unique_ptr<TcpStoreClient> store_;  // used by the watchdog's thread only (after the constructor)
+  std::optional<NodeRelay> relay_;          // the node's page (the leader's own, or the one a follower reads)
+  bool alarm_known_absent();
   mutable std::mutex mutex_;
   std::vector<Group> groups_;
   std::map<std::string, GroupInfo> group_info_;
@@ -148,7 +160,7 @@ class Watchdog {
   std::uint64_t site_next_id_ = 0;
   std::uint64_t epoch_ = 0;
   std::string last_report_json_;
-  std::atomic<std::uint64_t> store_ops_{0}, reports_{0};
+  std::atomic<std::uint64_t> store_ops_{0}, reports_{0}, relayed_ticks_{0}, unrelayed_ticks_{0};
   std::mutex wake_mutex_;
   std::condition_variable wake_;
   std::atomic<bool> stopping_{false};

@@ -23,6 +23,7 @@ from test_bind import scrubbed
 
 WORKER = Path(__file__).with_name("watch_worker.py")
 STALL_AFTER = 3
+HEALTHY_TIER_STEPS = 6000  # all-reduces: long enough for several ticks
 
 
 def worker_line(marker: str) -> int:
@@ -40,7 +41,8 @@ def free_port() -> int:
 
 
 class Job:
-    """One torchrun job (or one agent per rank, `agents=4`) running the worker, its output in files."""
+    """One torchrun job running the worker, its output in files: one agent for 4 ranks, or `agents` agents of
+    4 / `agents` ranks each, as on that many nodes (an agent whose worker dies leaves the others running)."""
 
     def __init__(self, scenario: str, tmp_path: Path, env: dict[str, str], agents: int = 1,
                  extra: tuple[str, ...] = (), prefix: tuple[str, ...] = ()) -> None:
@@ -55,9 +57,10 @@ class Job:
         self.procs = []
         if agents == 1:
             commands = [["--standalone", "--nproc_per_node=4"]]
-        else:  # one agent per rank, as on four nodes: an agent whose worker dies leaves the others running
+        else:
             port = free_port()
-            commands = [[f"--nnodes={agents}", f"--node_rank={n}", "--nproc_per_node=1", "--rdzv_backend=static",
+            commands = [[f"--nnodes={agents}", f"--node_rank={n}", f"--nproc_per_node={4 // agents}",
+                         "--rdzv_backend=static",
                          "--master_addr=127.0.0.1", f"--master_port={port}"] for n in range(agents)]
         for command, log in zip(commands, self.logs):
             with open(log, "w") as out:
@@ -338,6 +341,40 @@ def test_stopped_rank_is_named_unreachable(fake_gpus, tmp_path):
                                   ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1, 3 have waited in ALL_REDUCE #5")
     assert reports[0]["gpuguard_stall"]["gone_ranks"] == [2]
     assert job.report_time(0) - job.stall_start() <= STALL_AFTER + 15
+
+
+@pytest.mark.slow
+def test_node_tier_a_stopped_leader_leaves_its_node_asking_the_store_and_every_rank_reports(fake_gpus, tmp_path):
+    # two nodes of two ranks: rank 2 leads the second node's watchdogs, and stops itself; rank 3 then finds its
+    # leader's answer too old, asks the store itself, and reports like ranks 0 and 1
+    job = Job("stopped", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2)
+    job.wait_for_reports({0, 1, 3})
+    output = job.end(timeout=1)
+    reports = check_on_every_rank(job, output, {0, 1, 3}, "rank_gone",
+                                  "rank 2 of ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) is gone or unreachable",
+                                  ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1, 3 have waited in ALL_REDUCE #5")
+    assert reports[3]["gpuguard_stall"]["gone_ranks"] == [2]
+    # the tier adds at most its leader's three ticks (1 s each) to the follower's report
+    assert job.report_time(3) - job.stall_start() <= STALL_AFTER + 15
+
+
+@pytest.mark.slow
+def test_node_tier_healthy_followers_read_their_leader_instead_of_the_store(fake_gpus, tmp_path):
+    job = Job("healthy", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2,
+              extra=(str(HEALTHY_TIER_STEPS),))
+    output = job.end(timeout=300)
+    assert all(p.returncode == 0 for p in job.procs), output[-4000:]
+    assert "collective stall" not in output and not job.reports()
+    counts = {int(m[0]): tuple(int(x) for x in m[1:]) for m in re.findall(
+        r"rank (\d+): healthy done, (\d+) store operations, (\d+) reports, (\d+) relayed, (\d+) unrelayed ticks",
+        output)}
+    assert set(counts) == {0, 1, 2, 3}, output[-4000:]
+    for leader in (0, 2):  # local rank 0 of each node asks every tick, and relays nothing
+        ops, _, relayed, unrelayed = counts[leader]
+        assert ops >= 5 and relayed == unrelayed == 0, counts
+    for follower in (1, 3):  # the others ask the store once (their hello) and then only while no answer was there
+        ops, _, relayed, unrelayed = counts[follower]
+        assert relayed >= 4 and ops == 1 + unrelayed and unrelayed <= 2, counts
 
 
 @pytest.mark.slow

@@ -89,7 +89,8 @@ if scenario == "healthy":
         dist.all_reduce(t)
         if step % 100 == 0:
             dist.barrier()
-    print(f"rank {rank}: healthy done, {w.store_ops} store operations, {w.reports} reports", flush=True)
+    print(f"rank {rank}: healthy done, {w.store_ops} store operations, {w.reports} reports, {w.relayed_ticks} relayed, "
+          f"{w.unrelayed_ticks} unrelayed ticks", flush=True)
     w.stop()
     dist.destroy_process_group()
     sys.exit(0)

@@ -109,7 +109,8 @@ void bind_watchdog(py::module_& m) {
                        std::string host, long pid, std::string gpu, double stall_after_s, double min_stall_s,
                        double tick_s, double gather_s, std::string report_path, bool exit_on_stall, int exit_code,
                        py::object flight_recorder, std::vector<std::string> recorder_sources,
-                       std::string source_note, std::string calls_note, double site_wait_s) {
+                       std::string source_note, std::string calls_note, double site_wait_s,
+                       std::string node_relay_path, bool node_leader) {
              WatchdogOptions o;
              o.store_host = std::move(store_host);
              o.store_port = store_port;
@@ -140,6 +141,8 @@ void bind_watchdog(py::module_& m) {
              o.source_note = std::move(source_note);
              o.calls_note = std::move(calls_note);
              o.site_wait_s = site_wait_s;
+             o.node_relay_path = std::move(node_relay_path);
+             o.node_leader = node_leader;
              PyInterpreterState* interp = PyInterpreterState_Get();
              py::gil_scoped_release nogil;  // connecting may take a moment
              return std::make_unique<Watchdog>(std::move(o), [interp] { return dump_python_stacks(interp); });
@@ -149,7 +152,8 @@ void bind_watchdog(py::module_& m) {
            py::arg("min_stall_s"), py::arg("tick_s"), py::arg("gather_s"), py::arg("report_path"),
            py::arg("exit_on_stall"), py::arg("exit_code"), py::arg("flight_recorder") = py::none(),
            py::arg("recorder_sources") = std::vector<std::string>{}, py::arg("source_note") = "",
-           py::arg("calls_note") = "", py::arg("site_wait_s") = 5.0)
+           py::arg("calls_note") = "", py::arg("site_wait_s") = 5.0, py::arg("node_relay_path") = "",
+           py::arg("node_leader") = false)
       .def("describe_group", &Watchdog::describe_group, py::arg("name"), py::arg("desc"), py::arg("ranks"))
       .def("add_group", &Watchdog::add_group, py::arg("name"), py::arg("desc"), py::arg("ranks"),
            py::arg("label") = "")
@@ -168,6 +172,9 @@ void bind_watchdog(py::module_& m) {
       .def_property_readonly("stall_threshold_s", &Watchdog::stall_threshold_s)
       .def_property_readonly("store_ops", &Watchdog::store_ops)
       .def_property_readonly("reports", &Watchdog::reports)
+      .def_property_readonly("relayed_ticks", &Watchdog::relayed_ticks)
+      .def_property_readonly("unrelayed_ticks", &Watchdog::unrelayed_ticks)
+      .def_property_readonly("relay_max_age_s", &Watchdog::relay_max_age_s)
       .def_property_readonly("last_report_json", &Watchdog::last_report_json);
 
   m.def("read_flight_recorder", [](py::object flight_recorder, const std::string& source, bool include_collectives) {

@@ -27,6 +27,7 @@ from .collectives import Wrapped, describe_sizes, group_identity
 from .recorder import SOURCE_VARIABLE, ProgressSource, SiteAnswerer, ask_torch_to_record, choose_source, \
     describe_groups
 from . import stacks
+from . import node_tier as tiers
 
 logger = logging.getLogger("gpuguard")
 
@@ -45,12 +46,17 @@ _generation = 0
 JOB_CHECKS_PER_S = 20000.0
 #: The tick of a job small enough that JOB_CHECKS_PER_S does not bind (up to 20,000 ranks).
 DEFAULT_TICK_S = 1.0
+#: Past this many ranks watch() uses the per-node tier by default (node_tier.py): one check per rank per second
+#: would pass JOB_CHECKS_PER_S.
+NODE_TIER_ABOVE_RANKS = int(JOB_CHECKS_PER_S * DEFAULT_TICK_S)
 
 
-def default_tick(world_size: int) -> float:
-    """Seconds between a rank's checks when watch() is not given a tick: 1 s, or longer in a job so large that
-    one check per rank per second would load its one store past JOB_CHECKS_PER_S (5 s at 100,000 ranks)."""
-    return max(DEFAULT_TICK_S, world_size / JOB_CHECKS_PER_S)
+def default_tick(checkers: int) -> float:
+    """Seconds between checks when watch() is not given a tick: 1 s, or longer where the job's ranks that ask the
+    store (every rank; with the per-node tier, one per node) are so many that one check each per second would load
+    its one store past JOB_CHECKS_PER_S (5 s for 100,000 ranks without the tier; 1 s for them on 8-GPU nodes with
+    it, whose 12,500 leaders stay under the limit)."""
+    return max(DEFAULT_TICK_S, checkers / JOB_CHECKS_PER_S)
 
 
 def _check_arguments(stall_after: Optional[float], on_stall: str, tick: Optional[float], gather: float) -> None:
@@ -107,7 +113,7 @@ class Watch:
     """One rank's running watchdog (see watch()). stop() ends it and restores torch.distributed."""
 
     def __init__(self, *, stall_after: Optional[float], on_stall: str, store: Any, report_dir: Optional[str],
-                 tick: Optional[float], gather: float) -> None:
+                 tick: Optional[float], gather: float, node_tier: Optional[bool] = None) -> None:
         global _generation
         _generation += 1
         self.stall_after = stall_after
@@ -116,6 +122,7 @@ class Watch:
         self._report_dir = report_dir
         self._tick = tick
         self._gather = gather
+        self._node_tier = node_tier
         self._generation = _generation
         self._dog: Optional[Watchdog] = None
         self._failed = False
@@ -125,6 +132,7 @@ class Watch:
         self.source: Optional[ProgressSource] = None
         self.report_path: Optional[str] = None
         self.tick_s: Optional[float] = None  # the tick in use, once the watchdog started
+        self.node_tier: Optional[tiers.NodeTier] = None  # this rank's place in the per-node tier, if used
         if not (dist.is_available() and dist.is_initialized()):
             ask_torch_to_record()  # torch before 2.11: its recorder keeps no entries unless asked before it exists
         else:
@@ -139,8 +147,12 @@ class Watch:
     def _start(self) -> Watchdog:
         host, port = _store_address(self._store)
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        self.tick_s = self._tick if self._tick is not None else default_tick(world_size)
         run = os.environ.get("TORCHELASTIC_RUN_ID", "job") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        prefix = f"gpuguard/watch/{run}/{self._generation}/"
+        tier = (tiers.place(host, port, prefix)
+                if tiers.wanted(self._node_tier, world_size, NODE_TIER_ABOVE_RANKS) else None)
+        checkers = world_size if tier is None else -(-world_size // tier.local_world_size)
+        self.tick_s = self._tick if self._tick is not None else default_tick(checkers)
         directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
         self.report_path = os.path.join(directory, f"gpuguard-stall-rank{rank}-pid{os.getpid()}.json")
         source = choose_source()
@@ -153,12 +165,14 @@ class Watch:
                 "of torch.distributed's Python collective functions: a stall in a collective issued from C++ (DDP's "
                 "gradient all-reduce, FSDP's all-gathers and reduce-scatters) is not reported", source.fallback_reason)
         dog = Watchdog(
-            store_host=host, store_port=port, prefix=f"gpuguard/watch/{run}/{self._generation}/", rank=rank,
+            store_host=host, store_port=port, prefix=prefix, rank=rank,
             world_size=world_size, host=socket.gethostname(), pid=os.getpid(), gpu=_gpu_uuid(),
             stall_after_s=float(self.stall_after or 0), min_stall_s=MIN_STALL_S, tick_s=float(self.tick_s),
             gather_s=float(self._gather), report_path=self.report_path, exit_on_stall=self.on_stall == "raise",
             exit_code=STALL_EXIT_CODE, flight_recorder=source.reader, recorder_sources=source.sources,
-            source_note=source.note, calls_note=source.calls_note)
+            source_note=source.note, calls_note=source.calls_note,
+            node_relay_path=tier.path if tier is not None else "", node_leader=tier is not None and tier.leader)
+        self.node_tier = tier
         describe_groups(dog)
         self.source = source
         if source.reader is not None:
@@ -248,6 +262,16 @@ class Watch:
     def reports(self) -> int:
         return self._dog.reports if self._dog is not None else 0
 
+    @property
+    def relayed_ticks(self) -> int:
+        """Healthy ticks this rank took from its node leader's answer instead of asking the store."""
+        return self._dog.relayed_ticks if self._dog is not None else 0
+
+    @property
+    def unrelayed_ticks(self) -> int:
+        """Ticks of a follower of the tier that asked the store: its leader's answer was missing or too old."""
+        return self._dog.unrelayed_ticks if self._dog is not None else 0
+
     def last_report(self) -> Optional[str]:
         """The last stall report as JSON text, or None."""
         return (self._dog.last_report_json or None) if self._dog is not None else None
@@ -276,7 +300,7 @@ class Watch:
 
 def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
           store: Union[None, Any, tuple[str, int]] = None, report_dir: Optional[str] = None,
-          tick: Optional[float] = None, gather: float = 5.0) -> Watch:
+          tick: Optional[float] = None, gather: float = 5.0, node_tier: Optional[bool] = None) -> Watch:
     """Watches this rank's collectives; call it on every rank. Returns the running Watch (stop() ends it).
 
     When a collective has waited longer than ``stall_after`` seconds (None: adaptive, four times the longest
@@ -288,18 +312,25 @@ def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
     else from wrappers of torch.distributed's collective functions; the report says which.
     on_stall="raise" ends the process (exit code 75) after the report; "report" never stops the job.
     store: the job's TCPStore, or (host, port); default: the default process group's.
-    tick: seconds between the watchdog's checks (one store operation each); None: 1 s, or world size / 20,000 s
-    in a job of more than 20,000 ranks, so that the job's checks stay within what one TCPStore answers (5 s at
-    100,000 ranks). gather: how long the rank that composes the report waits for ranks that do not answer (then
-    named dead or unreachable).
+    node_tier: True: each node's first rank (local rank 0) asks the store for the whole node and the node's other
+    ranks read its answer from shared memory (they ask the store themselves when it is missing or three ticks
+    old), so the job's steady store traffic grows with nodes, not ranks; False: every rank asks; None:
+    $GPUGUARD_WATCH_NODE_TIER (1 or 0), else True past 20,000 ranks. A report is the same either way.
+    tick: seconds between the watchdog's checks (one store operation each); None: 1 s, or the number of ranks that
+    ask the store / 20,000 s where that is more, so that the job's checks stay within what one TCPStore answers
+    (100,000 ranks: 5 s without the tier, 1 s with it on 8-GPU nodes). gather: how long the rank that composes
+    the report waits for ranks that do not answer (then named dead or unreachable).
     Call it before or after init_process_group(); the watchdog starts with the first collective then.
     """
     global _active
     _check_arguments(stall_after, on_stall, tick, gather)
     if _active is not None:
         raise RuntimeError("gpuguard.watch() is already running in this process; stop() it first")
+    if node_tier is not None and not isinstance(node_tier, bool):
+        raise ValueError(f"node_tier={node_tier!r}: give True, False or None (decided by the job's size)")
+    tiers.wanted(node_tier, 1, NODE_TIER_ABOVE_RANKS)  # a bad GPUGUARD_WATCH_NODE_TIER is refused here, not later
     _active = Watch(stall_after=stall_after, on_stall=on_stall, store=store, report_dir=report_dir, tick=tick,
-                    gather=gather)
+                    gather=gather, node_tier=node_tier)
     atexit.register(_active.stop)
     return _active
 
