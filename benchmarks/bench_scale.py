@@ -14,8 +14,12 @@ scheduling. Connections are made before the clock starts. Scenarios per size:
   timeout     the last rank never arrives; every other rank must name it (deadline --deadline s)
   node-gone   the last node's 8 ranks never arrive (deadline --deadline s)
   leader-dies rank 0 dies after counting itself in, before it composes the verdict (deadline --deadline s)
+  slow-store  the store stops answering for half the deadline as the ranks start, then goes on (SIGSTOP, SIGCONT)
+  store-stalls the store stops answering for longer than the deadline and its grace: each rank's bind() raises
+              the store's error (shown as verdict "store-error") by the deadline + its grace
   watchdog    every rank makes the healthy watchdog's one store operation per tick (a CHECK of the alarm key,
               tick 1 s) for --watch-s seconds
+  watch-tier  the same with the per-node tier: one rank in 8 (each node's leader) asks
 
 The timeout scenarios pass at 1,024 ranks; from 4,096 up, this one thread cannot run thousands of ranks' timeouts
 at one instant within the 0.5 s a store call gets past its timeout, and the run stops there.
@@ -44,8 +48,8 @@ import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -55,53 +59,13 @@ import gevent  # noqa: E402
 import gevent.event  # noqa: E402
 import gevent.pool  # noqa: E402
 
-from gpuguard.deadline import Deadline  # noqa: E402
+from gpuguard.deadline import GRACE_S, Deadline  # noqa: E402
+from gpuguard.errors import GpuGuardError  # noqa: E402
 from gpuguard.placement import exchange  # noqa: E402
+from gpuguard.placement.verdict import Verdict  # noqa: E402
 from simulated_ranks import few_sharing_hosts, identity  # noqa: E402
+from tcp_store_server import Server, status_kib  # noqa: E402
 from tcp_store_wire import WireStore  # noqa: E402
-
-SERVER = """
-import sys, datetime, torch.distributed as dist
-server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                       timeout=datetime.timedelta(seconds=600))
-print(server.port, flush=True)
-sys.stdin.read()  # until the benchmark closes our stdin
-"""
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class Server:
-    """A real TCPStore server (torch's default backend) in a process of its own, whose CPU time and memory are read
-    from /proc."""
-
-    def __init__(self) -> None:
-        # torch looks up each peer's name to log it; a resolver that drops queries would stall the server 5 s
-        # per lookup (see scripts/test.sh): one try of 1 s
-        env = dict(os.environ, RES_OPTIONS=os.environ.get("RES_OPTIONS", "timeout:1 attempts:1"))
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
-        assert self.proc.stdout is not None
-        self.port = int(self.proc.stdout.readline())
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
-
-    def rss_kib(self) -> int:
-        return _status_kib(self.proc.pid, "VmRSS")
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(30)
-
-
-def _status_kib(pid: Any, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
 
 @contextlib.contextmanager
 def _serving(n: int) -> Iterator[tuple[Server, list[WireStore]]]:
@@ -163,8 +127,18 @@ class DyingLeader:
         self.inner.wait(keys, timeout)
 
 
-#: The scenarios whose verdict comes at the deadline: they run under --deadline.
-TIMEOUT_SCENARIOS = ("timeout", "node-gone", "leader-dies")
+#: The scenarios whose verdict comes at the deadline, or that the store holds up: they run under --deadline.
+TIMEOUT_SCENARIOS = ("timeout", "node-gone", "leader-dies", "slow-store", "store-stalls")
+
+
+def stalled_store(server: Server, seconds: float) -> None:
+    """The store's process stops answering for ``seconds`` (SIGSTOP, as a host stalled by swapping, a stopped VM or
+    a debugger would), then goes on."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        gevent.sleep(seconds)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
 
 
 def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
@@ -174,7 +148,7 @@ def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
     # the deadline the timeout scenarios wait for; the others get one that the simulation's single thread, which
     # runs every rank's Python in turn (about 1 ms each at 16k ranks), cannot reach
     limit = deadline_s if scenario in TIMEOUT_SCENARIOS else max(deadline_s, 300.0)
-    sim_rss = _status_kib("self", "VmRSS")
+    sim_rss = status_kib("self", "VmRSS")
     with _serving(world) as (server, stores):
         server_rss = server.rss_kib()
         identities = [identity(r, world, sharing) for r in range(world)]
@@ -187,15 +161,24 @@ def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
 
         def rank(i: int) -> None:
             go.wait()
-            verdicts[i] = exchange(clients[i], identities[i], namespace="sim", deadline=Deadline(limit))
+            try:
+                verdicts[i] = exchange(clients[i], identities[i], namespace="sim", deadline=Deadline(limit))
+            except GpuGuardError as exc:  # the store failed: what the rank's bind() raises
+                verdicts[i] = Verdict("store-error", str(exc))
             finished[i] = time.perf_counter()
 
         def body(started: float) -> dict[str, Any]:
             ranks = {i: gevent.spawn(rank, i) for i in range(world) if i not in absent}
             if isinstance(clients[0], DyingLeader):
                 clients[0].rank = ranks[0]
+            stall = None
+            if scenario in ("slow-store", "store-stalls"):  # half the deadline, or past it and its grace
+                pause = limit / 2 if scenario == "slow-store" else limit + GRACE_S + 1.0
+                stall = gevent.spawn(stalled_store, server, pause)
             go.set()
             gevent.joinall(list(ranks.values()), raise_error=True)
+            if stall is not None:
+                stall.join()
             return {"wall_s": max(finished) - started}
 
         ops_before = [s.ops for s in stores]
@@ -211,7 +194,7 @@ def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
             "message": verdicts[answered[-1]].message if answered else "",
             "ops_median": statistics.median(waiting), "ops_max": waiting[-1], "ops_rank0": ops[0],
             "server_rss_kib_per_rank": (server.rss_kib() - server_rss) / world,
-            "sim_peak_kib_per_rank": (_status_kib("self", "VmHWM") - sim_rss) / world,
+            "sim_peak_kib_per_rank": (status_kib("self", "VmHWM") - sim_rss) / world,
         })
         return result
 
@@ -257,27 +240,31 @@ def run_harness_alone(world: int) -> dict[str, Any]:
         return result
 
 
-def run_watchdog(world: int, seconds: float, tick: float = 1.0) -> dict[str, Any]:
-    """Every rank's healthy watchdog: one CHECK of the alarm key per tick, ticks spread over the ranks."""
-    with _serving(world) as (server, stores):
+def run_watchdog(world: int, seconds: float, tick: float = 1.0, per_node: int = 1) -> dict[str, Any]:
+    """Every rank's healthy watchdog: one CHECK of the alarm key per tick, ticks spread over the ranks; with
+    ``per_node`` > 1, the per-node tier: only each node's leader asks (the others read its answer in shared
+    memory, bench_watch_tier.py), so ``world / per_node`` connections carry the job's steady traffic."""
+    askers = world // per_node
+    with _serving(askers) as (server, stores):
         stop = gevent.event.Event()
 
         def rank(i: int, started: float) -> None:
-            due = started + tick * i / world
+            due = started + tick * i / askers
             while not stop.is_set():
                 gevent.sleep(max(0.0, due - time.perf_counter()))
                 stores[i].check([f"gpuguard/watch/default_pg/alarm/{i % 7}"])
                 due += tick
 
         def body(started: float) -> dict[str, Any]:
-            ranks = [gevent.spawn(rank, i, started) for i in range(world)]
+            ranks = [gevent.spawn(rank, i, started) for i in range(askers)]
             gevent.sleep(seconds)
             stop.set()
             gevent.joinall(ranks, raise_error=True)
             return {}
 
         result = _measure(server, stores, body)
-        result.update({"ranks": world, "scenario": "watchdog", "offered_per_s": world / tick})
+        result.update({"ranks": world, "scenario": "watchdog" if per_node == 1 else "watch-tier",
+                       "offered_per_s": askers / tick})
         return result
 
 
@@ -310,7 +297,7 @@ def _row(r: dict[str, Any], sustainable: float) -> str:
     load = r["requests"] / r["wall_s"]
     if "ops_median" in r:
         ops = f"{r['ops_median']:>5g} {r['ops_max']:>4} {r['ops_rank0']:>4}"
-    elif r["scenario"] == "watchdog":
+    elif r["scenario"] in ("watchdog", "watch-tier"):
         ops = f"{r['requests'] / n / r['wall_s'] * 60:>5.0f}/min     "
     else:
         ops = f"{r['requests'] / n:>5.1f} req      "
@@ -325,7 +312,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,4096,16384")
     parser.add_argument("--scenarios", default="harness,pass,fail-few,fail-many,timeout,node-gone,leader-dies,"
-                                                "watchdog")
+                                                "slow-store,store-stalls,watchdog,watch-tier")
     parser.add_argument("--deadline", type=float, default=20.0, help="the check's deadline (the timeout scenario "
                         "waits for it)")
     parser.add_argument("--watch-s", type=float, default=10.0)
@@ -351,6 +338,8 @@ def main() -> int:
         for scenario in args.scenarios.split(","):
             if scenario == "watchdog":
                 r = run_watchdog(n, args.watch_s)
+            elif scenario == "watch-tier":
+                r = run_watchdog(n, args.watch_s, per_node=8)
             elif scenario == "harness":
                 r = run_harness_alone(n)
             else:

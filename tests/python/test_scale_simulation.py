@@ -60,7 +60,7 @@ def test_simulated_ranks_get_the_verdicts_real_ranks_get(tmp_path):
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--sizes", "64",
                            "--deadline", "4", "--watch-s", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["scenario"]: r for r in json.loads(out.read_text())["runs"]}
     assert runs["pass"]["verdicts"] == ["ok"] and runs["pass"]["ops_median"] == 8
@@ -81,5 +81,15 @@ def test_simulated_ranks_get_the_verdicts_real_ranks_get(tmp_path):
         "every rank of group 'default' reached gpuguard's placement check within 4 s, but rank 0 (host node-0000, "
         "pid 10000), which writes the verdict once all have arrived, went silent before writing it"), \
         runs["leader-dies"]["message"]
+    # a store that stops answering for half the deadline holds the check up, and every rank still passes in time
+    assert runs["slow-store"]["verdicts"] == ["ok"] and runs["slow-store"]["answered"] == 64
+    assert 2 <= runs["slow-store"]["wall_s"] < 4 + 5, runs["slow-store"]
+    # one that stays stopped past the deadline: every rank's bind() raises an error that names the stopped store,
+    # by the deadline + the grace + the half second a call left behind gets (stores.ABANDON_AFTER_S)
+    stalled = runs["store-stalls"]
+    assert stalled["verdicts"] == ["store-error"] and stalled["answered"] == 64, stalled
+    assert 4 <= stalled["wall_s"] < 4 + 5.5 + 0.5, stalled
+    assert "the process serving it is stopped, hung or unreachable" in stalled["message"], stalled["message"]
     assert runs["watchdog"]["requests"] >= 64  # each rank's watchdog asked at least once in its 1 s
+    assert 8 <= runs["watch-tier"]["requests"] < 64  # with the tier, only the 8 nodes' leaders ask
     assert runs["harness"]["requests"] >= 64 * 10  # the passing check's requests, without gpuguard
