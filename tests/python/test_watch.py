@@ -525,3 +525,57 @@ def test_the_default_tick_keeps_a_whole_jobs_checks_within_one_stores_reach():
     assert (default_tick(40_000), default_tick(100_000)) == (2.0, 5.0)
     for n in (1, 1_000, 16_384, 50_000, 100_000, 1_000_000):
         assert n / default_tick(n) <= JOB_CHECKS_PER_S
+
+
+TORCHRUN_NODE = {"TORCHELASTIC_RUN_ID": "job", "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                 "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+
+
+def test_the_node_tier_is_chosen_by_argument_then_variable_then_size():
+    from gpuguard.watchdog.node_tier import VARIABLE, wanted
+    assert wanted(True, 8, 20_000, {VARIABLE: "0"}) and not wanted(False, 10**6, 20_000, {VARIABLE: "1"})
+    assert wanted(None, 8, 20_000, {VARIABLE: "1"}) and not wanted(None, 10**6, 20_000, {VARIABLE: "0"})
+    assert not wanted(None, 20_000, 20_000, {}) and wanted(None, 20_001, 20_000, {})  # nothing changes below
+    with pytest.raises(ValueError, match=r"GPUGUARD_WATCH_NODE_TIER='yes': use 1 \(each node's leader asks the "
+                                         r"store for its node\), 0 \(every rank asks\), or leave it unset"):
+        wanted(None, 8, 20_000, {VARIABLE: "yes"})
+
+
+def test_the_ranks_of_one_node_share_one_page_and_local_rank_0_writes_it():
+    from gpuguard.watchdog.node_tier import place
+    follower = place("10.0.0.1", 29500, "gpuguard/watch/job/0/1/", TORCHRUN_NODE)
+    leader = place("10.0.0.1", 29500, "gpuguard/watch/job/0/1/", dict(TORCHRUN_NODE, RANK="4", LOCAL_RANK="0"))
+    other_node = place("10.0.0.1", 29500, "gpuguard/watch/job/0/1/", dict(TORCHRUN_NODE, RANK="0", LOCAL_RANK="0",
+                                                                           GROUP_RANK="0"))
+    other_watch = place("10.0.0.1", 29500, "gpuguard/watch/job/0/2/", TORCHRUN_NODE)
+    assert follower is not None and leader is not None and other_node is not None and other_watch is not None
+    assert (follower.leader, leader.leader, follower.local_world_size) == (False, True, 4)
+    assert follower.path == leader.path and os.path.basename(leader.path).startswith("gpuguard-watch-")
+    assert other_node.path != leader.path  # two agents on one host are two nodes
+    assert other_watch.path != leader.path  # a later watch() never reads an earlier one's page
+
+
+def test_no_tier_where_the_launcher_does_not_say_who_shares_the_node(caplog):
+    from gpuguard.watchdog.node_tier import place
+    alone = dict(TORCHRUN_NODE, LOCAL_WORLD_SIZE="1", LOCAL_RANK="0", WORLD_SIZE="2", RANK="1")
+    assert place("h", 1, "p/", alone) is None  # one rank on its node: nothing to share
+    with caplog.at_level("WARNING", logger="gpuguard"):
+        assert place("h", 1, "p/", {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) is None
+        assert place("h", 1, "p/", {"RANK": "1", "WORLD_SIZE": "8"}) is None
+    assert ("gpuguard.watch: no per-node tier: the launcher (env) does not say which ranks share this node (no local "
+            "rank and local world size); every rank asks the job's store") in caplog.text
+    assert "gpuguard.watch: no per-node tier: This process looks started by environment variables" in caplog.text
+
+
+def test_watch_refuses_a_node_tier_it_cannot_read(monkeypatch):
+    monkeypatch.setenv("GPUGUARD_WATCH_NODE_TIER", "on")
+    with pytest.raises(ValueError, match="GPUGUARD_WATCH_NODE_TIER='on'"):
+        gpuguard_watch()
+    monkeypatch.delenv("GPUGUARD_WATCH_NODE_TIER")
+    with pytest.raises(ValueError, match=r"node_tier='yes': give True, False or None"):
+        gpuguard_watch(node_tier="yes")
+
+
+def gpuguard_watch(**kwargs):
+    from gpuguard.watchdog.watcher import watch
+    return watch(**kwargs)
