@@ -409,6 +409,9 @@ bool Watchdog::alarm_known_absent() {
     relayed_ticks_ += 1;
     return true;
   }
+  if (!reading || reading->age_s > relay_max_age_s()) {
+    relay_.reset();  // no answer, or an old one: the next tick opens the path again (a new leader's page)
+  }
   unrelayed_ticks_ += 1;
   return false;
 }
