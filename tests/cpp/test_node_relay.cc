@@ -133,7 +133,9 @@ TEST(NodeRelay, AnotherProcessNeverReadsATornAnswer) {
     ::_exit(readings > 0 && last > 0 ? 0 : 4);
   }
   auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(400);
-  for (std::uint64_t epoch = 1; std::chrono::steady_clock::now() < end; ++epoch) leader.value().publish(epoch, epoch % 2 == 1);
+  for (std::uint64_t epoch = 1; std::chrono::steady_clock::now() < end; ++epoch) {
+    leader.value().publish(epoch, epoch % 2 == 1);
+  }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
