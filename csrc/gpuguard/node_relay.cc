@@ -1,11 +1,13 @@
 // The watchdog's per-node tier: the shared page its node leader writes and the other ranks of the node read.
 #include "gpuguard/node_relay.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -34,11 +36,13 @@ struct NodeRelay::Page {
   std::atomic<std::uint64_t> sequence;  // odd while the leader writes
   std::atomic<std::uint64_t> answer;    // epoch << 1 | alarm
   std::atomic<std::uint64_t> asked_ns;  // CLOCK_MONOTONIC when the leader asked the store
+  std::atomic<std::uint64_t> created_ns;  // CLOCK_MONOTONIC when the leader created the page
+  std::atomic<std::uint64_t> tick_ns;     // how often the leader answers
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the page is shared by processes: no locks inside");
 static_assert(sizeof(std::atomic<std::uint64_t>) == 8, "the page's layout is fixed");
 
-Result<NodeRelay> NodeRelay::create(const std::string& path) {
+Result<NodeRelay> NodeRelay::create(const std::string& path, double tick_s) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return system_error("open", path);
   if (::ftruncate(fd, kPageBytes) != 0) {
@@ -55,8 +59,30 @@ Result<NodeRelay> NodeRelay::create(const std::string& path) {
   page->sequence.store(1, std::memory_order_relaxed);
   page->answer.store(0, std::memory_order_relaxed);
   page->asked_ns.store(0, std::memory_order_relaxed);
+  page->created_ns.store(monotonic_ns(), std::memory_order_relaxed);
+  page->tick_ns.store(static_cast<std::uint64_t>(tick_s * 1e9), std::memory_order_relaxed);
   page->magic.store(kMagic, std::memory_order_release);
   return NodeRelay(path, page, true);
+}
+
+int NodeRelay::remove_abandoned(const std::string& directory, const std::string& name_prefix, double idle_s) {
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  auto now = monotonic_ns();
+  while (dirent* entry = ::readdir(dir)) {
+    std::string name = entry->d_name;
+    if (name.compare(0, name_prefix.size(), name_prefix) != 0) continue;
+    std::string path = directory + "/" + name;
+    auto page = open(path);
+    if (!page.ok() || page.value().page_->magic.load(std::memory_order_acquire) != kMagic) continue;
+    const Page& p = *page.value().page_;
+    auto last = std::max(p.asked_ns.load(std::memory_order_relaxed), p.created_ns.load(std::memory_order_relaxed));
+    auto idle = std::max(idle_s, 10 * static_cast<double>(p.tick_ns.load(std::memory_order_relaxed)) / 1e9);
+    if (last < now && static_cast<double>(now - last) / 1e9 > idle && ::unlink(path.c_str()) == 0) ++removed;
+  }
+  ::closedir(dir);
+  return removed;
 }
 
 Result<NodeRelay> NodeRelay::open(const std::string& path) {

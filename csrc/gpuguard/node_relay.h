@@ -26,9 +26,13 @@ struct RelayReading {
 // missing file, or an answer too old reads as nothing, and the rank then asks the store itself.
 class NodeRelay {
  public:
-  // The leader's page: created (or taken over from a run that crashed) at `path`, mode 0600. An Error names the
-  // path and the call that failed.
-  static Result<NodeRelay> create(const std::string& path);
+  // The leader's page: created (or taken over from a run that crashed) at `path`, mode 0600, for a leader that
+  // answers every `tick_s`. An Error names the path and the call that failed.
+  static Result<NodeRelay> create(const std::string& path, double tick_s);
+  // Removes the pages in `directory` whose names begin with `name_prefix` and whose leader has written nothing for
+  // `idle_s` seconds and ten of its ticks: pages of leaders killed before they could remove their own. A live
+  // leader's page that is removed all the same keeps working for the ranks that opened it. Returns how many.
+  static int remove_abandoned(const std::string& directory, const std::string& name_prefix, double idle_s);
   // Another rank's view of its leader's page; an Error when there is none yet (the leader has not started).
   static Result<NodeRelay> open(const std::string& path);
 

@@ -65,7 +65,7 @@ Watchdog::Watchdog(WatchdogOptions options, StackDumper dump_stack)
                              std::to_string(options_.store_port) + ": " + e.what());
   }
   if (options_.node_leader && !options_.node_relay_path.empty()) {
-    auto page = NodeRelay::create(options_.node_relay_path);
+    auto page = NodeRelay::create(options_.node_relay_path, options_.tick_s);
     if (!page.ok()) {  // the tier is an optimisation: without it this node's ranks ask the store themselves
       write_all(2, "gpuguard.watch: rank " + std::to_string(options_.rank) + ": no per-node relay (" +
                        page.error().message() + "); this node's ranks each ask the job's store\n");
@@ -86,6 +86,7 @@ void Watchdog::stop() {
   }
   site_wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  relay_.reset();  // the leader's page is unlinked now, not when Python frees this object (maybe never, at exit)
 }
 
 // ---- progress: the groups, as the caller reports them and as the flight recorder counts them ----------------

@@ -1,5 +1,6 @@
 // NodeRelay: the page a node's leader writes and the node's other ranks read (the watchdog's per-node tier).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +24,7 @@ std::string fresh_path(const char* name) {
 
 TEST(NodeRelay, AFollowerReadsTheLeadersLastAnswer) {
   auto path = fresh_path("answer");
-  auto leader = NodeRelay::create(path);
+  auto leader = NodeRelay::create(path, 1.0);
   ASSERT_TRUE(leader.ok()) << leader.error().message();
   auto follower = NodeRelay::open(path);
   ASSERT_TRUE(follower.ok()) << follower.error().message();
@@ -43,7 +44,7 @@ TEST(NodeRelay, AFollowerReadsTheLeadersLastAnswer) {
 
 TEST(NodeRelay, TheAnswerAges) {
   auto path = fresh_path("age");
-  auto leader = NodeRelay::create(path);
+  auto leader = NodeRelay::create(path, 1.0);
   ASSERT_TRUE(leader.ok());
   leader.value().publish(1, false);
   std::this_thread::sleep_for(std::chrono::milliseconds(120));
@@ -83,7 +84,7 @@ TEST(NodeRelay, ALeaderThatStopsLeavesNoAnswerAndNoFile) {
   auto follower_of = [&] { return NodeRelay::open(path); };
   std::optional<NodeRelay> follower;
   {
-    auto leader = NodeRelay::create(path);
+    auto leader = NodeRelay::create(path, 1.0);
     ASSERT_TRUE(leader.ok());
     leader.value().publish(3, false);
     auto opened = follower_of();
@@ -97,10 +98,10 @@ TEST(NodeRelay, ALeaderThatStopsLeavesNoAnswerAndNoFile) {
 
 TEST(NodeRelay, ALeaderTakesOverAPageACrashedRunLeft) {
   auto path = fresh_path("takeover");
-  auto crashed = NodeRelay::create(path);
+  auto crashed = NodeRelay::create(path, 1.0);
   ASSERT_TRUE(crashed.ok());
   crashed.value().publish(41, true);
-  auto leader = NodeRelay::create(path);  // same path, while the old mapping still exists
+  auto leader = NodeRelay::create(path, 1.0);  // same path, while the old mapping still exists
   ASSERT_TRUE(leader.ok());
   auto follower = NodeRelay::open(path);
   ASSERT_TRUE(follower.ok());
@@ -113,7 +114,7 @@ TEST(NodeRelay, ALeaderTakesOverAPageACrashedRunLeft) {
 // Another process of the node reads the leader's answers while it writes them: never a torn answer.
 TEST(NodeRelay, AnotherProcessNeverReadsATornAnswer) {
   auto path = fresh_path("torn");
-  auto leader = NodeRelay::create(path);
+  auto leader = NodeRelay::create(path, 1.0);
   ASSERT_TRUE(leader.ok());
   leader.value().publish(0, false);
   pid_t child = ::fork();
@@ -140,6 +141,35 @@ TEST(NodeRelay, AnotherProcessNeverReadsATornAnswer) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "2: no page, 3: a torn or backward answer, 4: no reading";
+}
+
+}  // namespace
+
+namespace {
+
+// Pages of leaders that were killed: removed once idle for the given time and ten of their ticks; others kept.
+TEST(NodeRelay, PagesLeftByKilledLeadersAreRemovedOthersKept) {
+  std::string dir = ::testing::TempDir() + "gpuguard-relay-dir-" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0700);
+  auto fast = gpuguard::NodeRelay::create(dir + "/gpuguard-watch-fast", 0.01);
+  auto slow = gpuguard::NodeRelay::create(dir + "/gpuguard-watch-slow", 10.0);
+  ASSERT_TRUE(fast.ok() && slow.ok());
+  {
+    std::ofstream other(dir + "/gpuguard-watch-notapage");
+    other << "x";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // idle 0.1 s: the fast leader's ten ticks (0.1 s) passed, the slow one's (100 s) did not; the file that is not
+  // a page, and names without the prefix, are never touched
+  EXPECT_EQ(NodeRelay::remove_abandoned(dir, "gpuguard-watch-", 0.1), 1);
+  EXPECT_FALSE(NodeRelay::open(dir + "/gpuguard-watch-fast").ok());
+  EXPECT_TRUE(NodeRelay::open(dir + "/gpuguard-watch-slow").ok());
+  std::ifstream kept(dir + "/gpuguard-watch-notapage");
+  EXPECT_TRUE(kept.good());
+  slow.value().publish(0, false);
+  EXPECT_EQ(NodeRelay::remove_abandoned(dir, "gpuguard-watch-", 0.1), 0) << "a leader that answers is kept";
+  EXPECT_EQ(NodeRelay::remove_abandoned(dir + "/missing", "gpuguard-watch-", 0.1), 0);
+  std::remove((dir + "/gpuguard-watch-notapage").c_str());
 }
 
 }  // namespace

@@ -347,9 +347,13 @@ def test_stopped_rank_is_named_unreachable(fake_gpus, tmp_path):
 def test_node_tier_a_stopped_leader_leaves_its_node_asking_the_store_and_every_rank_reports(fake_gpus, tmp_path):
     # two nodes of two ranks: rank 2 leads the second node's watchdogs, and stops itself; rank 3 then finds its
     # leader's answer too old, asks the store itself, and reports like ranks 0 and 1
+    from gpuguard.watchdog.node_tier import PAGE_PREFIX, page_directory
+    pages_before = set(Path(page_directory()).glob(PAGE_PREFIX + "*"))
     job = Job("stopped", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2)
     job.wait_for_reports({0, 1, 3})
     output = job.end(timeout=1)
+    for page in set(Path(page_directory()).glob(PAGE_PREFIX + "*")) - pages_before:
+        page.unlink()  # its leaders were killed: a later leader would remove their pages after 10 idle minutes
     reports = check_on_every_rank(job, output, {0, 1, 3}, "rank_gone",
                                   "rank 2 of ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) is gone or unreachable",
                                   ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1, 3 have waited in ALL_REDUCE #5")
@@ -360,9 +364,13 @@ def test_node_tier_a_stopped_leader_leaves_its_node_asking_the_store_and_every_r
 
 @pytest.mark.slow
 def test_node_tier_healthy_followers_read_their_leader_instead_of_the_store(fake_gpus, tmp_path):
+    from gpuguard.watchdog.node_tier import PAGE_PREFIX, page_directory
+    pages_before = set(Path(page_directory()).glob(PAGE_PREFIX + "*"))
     job = Job("healthy", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2,
               extra=(str(HEALTHY_TIER_STEPS),))
     output = job.end(timeout=300)
+    left = set(Path(page_directory()).glob(PAGE_PREFIX + "*")) - pages_before
+    assert not left, f"each leader removes its node's page when its watch stops: {left}"
     assert all(p.returncode == 0 for p in job.procs), output[-4000:]
     assert "collective stall" not in output and not job.reports()
     counts = {int(m[0]): tuple(int(x) for x in m[1:]) for m in re.findall(

@@ -177,6 +177,10 @@ void bind_watchdog(py::module_& m) {
       .def_property_readonly("relay_max_age_s", &Watchdog::relay_max_age_s)
       .def_property_readonly("last_report_json", &Watchdog::last_report_json);
 
+  m.def("remove_abandoned_relays", &NodeRelay::remove_abandoned, py::arg("directory"), py::arg("name_prefix"),
+        py::arg("idle_s"), py::call_guard<py::gil_scoped_release>(),
+        "Removes the watchdog's per-node pages (node_relay.h) whose leader wrote nothing for idle_s seconds and ten "
+        "of its ticks: pages of leaders killed before they removed their own. Returns how many.");
   m.def("read_flight_recorder", [](py::object flight_recorder, const std::string& source, bool include_collectives) {
     auto* reader = static_cast<const gpuguard_flight_recorder_reader*>(
         PyCapsule_GetPointer(flight_recorder.ptr(), kFlightRecorderCapsuleName));

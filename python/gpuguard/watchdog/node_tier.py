@@ -22,6 +22,10 @@ logger = logging.getLogger("gpuguard")
 
 #: GPUGUARD_WATCH_NODE_TIER=1 turns the tier on at any size, 0 off; unset: on past AUTO_ABOVE_RANKS.
 VARIABLE = "GPUGUARD_WATCH_NODE_TIER"
+#: The pages' names begin with this. A leader removes its page when it stops; one killed leaves it, and the next
+#: leader on the node removes pages nobody wrote for ABANDONED_AFTER_S seconds (and ten of their leader's ticks).
+PAGE_PREFIX = "gpuguard-watch-"
+ABANDONED_AFTER_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -75,4 +79,11 @@ def place(store_host: str, store_port: int, prefix: str,
     # nodes); the job: its store and this watch's keys. Every rank of the node computes the same name.
     node = f"{socket.gethostname()}/{'' if context.node_rank is None else context.node_rank}"
     digest = hashlib.sha256(f"{store_host}:{store_port}/{prefix}/{node}".encode()).hexdigest()[:24]
-    return NodeTier(os.path.join(page_directory(), f"gpuguard-watch-{digest}"), local_rank == 0, local_size)
+    return NodeTier(os.path.join(page_directory(), f"{PAGE_PREFIX}{digest}"), local_rank == 0, local_size)
+
+
+def remove_abandoned(tier: NodeTier) -> int:
+    """For a leader about to create its page: removes the pages killed leaders left beside it (how many)."""
+    from .._core import remove_abandoned_relays
+
+    return remove_abandoned_relays(os.path.dirname(tier.path), PAGE_PREFIX, ABANDONED_AFTER_S)

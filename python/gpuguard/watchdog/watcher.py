@@ -151,6 +151,8 @@ class Watch:
         prefix = f"gpuguard/watch/{run}/{self._generation}/"
         tier = (tiers.place(host, port, prefix)
                 if tiers.wanted(self._node_tier, world_size, NODE_TIER_ABOVE_RANKS) else None)
+        if tier is not None and tier.leader:
+            tiers.remove_abandoned(tier)
         checkers = world_size if tier is None else -(-world_size // tier.local_world_size)
         self.tick_s = self._tick if self._tick is not None else default_tick(checkers)
         directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
