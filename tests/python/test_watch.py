@@ -23,7 +23,7 @@ from test_bind import scrubbed
 
 WORKER = Path(__file__).with_name("watch_worker.py")
 STALL_AFTER = 3
-HEALTHY_TIER_STEPS = 6000  # all-reduces: long enough for several ticks
+HEALTHY_TIER_STEPS, HEALTHY_TIER_IDLE_S = 2000, 6  # all-reduces, then seconds idle: several ticks on any machine
 
 
 def worker_line(marker: str) -> int:
@@ -367,7 +367,7 @@ def test_node_tier_healthy_followers_read_their_leader_instead_of_the_store(fake
     from gpuguard.watchdog.node_tier import PAGE_PREFIX, page_directory
     pages_before = set(Path(page_directory()).glob(PAGE_PREFIX + "*"))
     job = Job("healthy", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2,
-              extra=(str(HEALTHY_TIER_STEPS),))
+              extra=(str(HEALTHY_TIER_STEPS), str(HEALTHY_TIER_IDLE_S)))
     output = job.end(timeout=300)
     left = set(Path(page_directory()).glob(PAGE_PREFIX + "*")) - pages_before
     assert not left, f"each leader removes its node's page when its watch stops: {left}"

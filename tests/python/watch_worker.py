@@ -10,7 +10,8 @@ the GIL (behind_gil), stops itself (stopped), dies (killed), calls broadcast ins
 runs every rank's 5th all-reduce through the fake NCCL as a PyNccl user calls it (FakePyNccl), marked with
 w.collective(stream=...): it returns at once and never completes (h100x4_nccl_hang_all_reduce), and the CPU
 waits in synchronize(); `killed` has ranks 0, 1, 3 wait the same way for the dead rank 2 (gloo would name the
-dead peer itself, NCCL does not); `healthy` runs argv[3] steps and must never report.
+dead peer itself, NCCL does not); `healthy` runs argv[3] steps (then idles argv[4] seconds, if given) and must
+never report.
 """
 
 import ctypes
@@ -89,6 +90,8 @@ if scenario == "healthy":
         dist.all_reduce(t)
         if step % 100 == 0:
             dist.barrier()
+    if len(sys.argv) > 4:  # then idle that many seconds, no collective pending: the watchdogs tick on
+        time.sleep(float(sys.argv[4]))
     print(f"rank {rank}: healthy done, {w.store_ops} store operations, {w.reports} reports, {w.relayed_ticks} relayed, "
           f"{w.unrelayed_ticks} unrelayed ticks", flush=True)
     w.stop()
