@@ -1,9 +1,9 @@
 """A local Ray cluster of the tests' own, started as users start one (`ray start --head`) and always stopped.
 
-Its ports, temp folder and auth token are its own, so it never meets another Ray on the machine. Stopping it
-ends exactly the processes of this cluster, never `ray stop`, which would end every Ray on the machine: each
-of them inherited a variable naming this cluster (Ray renames its workers' command lines, not their
-environment). Drivers join it with ``ray.init()`` through ``env()`` (RAY_ADDRESS), and jobs are
+Its ports (below the kernel's ephemeral range, see cluster_port()), temp folder and auth token are its own, so it
+never meets another Ray on the machine. Stopping it ends exactly the processes of this cluster, never `ray stop`,
+which would end every Ray on the machine: each of them inherited a variable naming this cluster (Ray renames its
+workers' command lines, not their environment). Drivers join it with ``ray.init()`` through ``env()`` (RAY_ADDRESS), and jobs are
 submitted to ``dashboard_url`` with ``ray job submit``.
 """
 
@@ -31,6 +31,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Ports this process handed to a cluster: never handed out twice.
+_taken: set[int] = set()
+#: How many times start() tries again, with other ports, when one was taken between choosing and binding.
+START_TRIES = 3
+#: What `ray start` prints when a port it was given is taken: at its own check, and when binding it after that.
+PORT_TAKEN = ("already occupied", "address already in use")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def cluster_port() -> int:
+    """A port free now and below the kernel's ephemeral range. A port free_port() finds lies inside that range,
+    where any process binding port 0 (Ray's own servers start a dozen) may take it before Ray binds it: CI once
+    saw the dashboard fail with "address already in use" that way. Below the range only a fixed choice can."""
+    low, _ = _ephemeral_range()
+    for _ in range(1000):
+        port = secrets.randbelow(max(1, low - 20000)) + 20000
+        if port in _taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
+    raise RuntimeError(f"no free port between 20000 and {low} for the test's Ray cluster")
+
+
 class RayHead:
     """`ray start --head` with ``num_gpus`` GPUs (the fake driver's, through ``env``) and ``num_cpus`` CPUs."""
 
@@ -39,22 +74,26 @@ class RayHead:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="gg-ray-", dir="/tmp"))
         token = self.temp_dir / "auth_token"
         token.write_text(secrets.token_hex(32))
-        self.port = free_port()
-        self.dashboard_port = free_port()
-        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
-        self._env = dict(env, RAY_ADDRESS=f"127.0.0.1:{self.port}", RAY_AUTH_MODE="token",
-                         RAY_AUTH_TOKEN_PATH=str(token), RAY_DISABLE_USAGE_STATS="1")
+        self._env = dict(env, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_DISABLE_USAGE_STATS="1")
         self._env[MARK] = str(self.temp_dir)
         self._env.pop("RAY_AUTH_TOKEN", None)
+        self._num_gpus, self._num_cpus, self._dashboard = num_gpus, num_cpus, dashboard
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        self.port = cluster_port()
+        self.dashboard_port = cluster_port()
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self._env["RAY_ADDRESS"] = f"127.0.0.1:{self.port}"
         self._args = [
             "ray", "start", "--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
-            f"--temp-dir={self.temp_dir}", f"--num-gpus={num_gpus}", f"--num-cpus={num_cpus}",
+            f"--temp-dir={self.temp_dir}", f"--num-gpus={self._num_gpus}", f"--num-cpus={self._num_cpus}",
             "--object-store-memory=100000000", "--disable-usage-stats",
-            f"--ray-client-server-port={free_port()}", f"--node-manager-port={free_port()}",
-            f"--object-manager-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}"]
-        if dashboard:  # the Jobs API lives in the dashboard
+            f"--ray-client-server-port={cluster_port()}", f"--node-manager-port={cluster_port()}",
+            f"--object-manager-port={cluster_port()}", f"--runtime-env-agent-port={cluster_port()}",
+            f"--metrics-export-port={cluster_port()}", f"--dashboard-agent-listen-port={cluster_port()}",
+            f"--dashboard-agent-grpc-port={cluster_port()}"]
+        if self._dashboard:  # the Jobs API lives in the dashboard
             self._args += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
                            f"--dashboard-port={self.dashboard_port}"]
         else:
@@ -65,11 +104,22 @@ class RayHead:
         return dict(self._env, **extra)
 
     def start(self, timeout: float = 180) -> "RayHead":
-        proc = subprocess.run(self._args, env=self._env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            self.stop()
-            raise RuntimeError(f"ray start --head failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-        return self
+        """Starts the cluster; when a port it was given was taken meanwhile, stops what started and tries again
+        with other ports (START_TRIES in all)."""
+        attempt = 1
+        while True:
+            proc = subprocess.run(self._args, env=self._env, capture_output=True, text=True, timeout=timeout)
+            if proc.returncode == 0:
+                return self
+            self._end_processes()
+            output = f"{proc.stdout}\n{proc.stderr}"
+            taken = any(text in output.lower() for text in PORT_TAKEN)
+            if not taken or attempt == START_TRIES:
+                self.stop()
+                raise RuntimeError(f"ray start --head failed ({proc.returncode}, try {attempt} of {START_TRIES}):"
+                                   f"\n{output}")
+            attempt += 1
+            self._choose_ports()
 
     def _pids(self) -> list[int]:
         """The processes of this cluster, and drivers started with ``env()``: those whose environment names it
@@ -96,6 +146,10 @@ class RayHead:
 
     def stop(self, grace: float = 5) -> None:
         """Ends this cluster's processes (SIGTERM, then SIGKILL after ``grace`` s) and removes its folder."""
+        self._end_processes(grace)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _end_processes(self, grace: float = 5) -> None:
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             pids = self._pids()
             for pid in pids:
@@ -109,7 +163,6 @@ class RayHead:
                 pids = self._pids()
             if not pids:
                 break
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> "RayHead":
         return self.start()
