@@ -343,16 +343,21 @@ def test_stopped_rank_is_named_unreachable(fake_gpus, tmp_path):
     assert job.report_time(0) - job.stall_start() <= STALL_AFTER + 15
 
 
+def tier_pages() -> set[Path]:
+    """The node tier's pages on this machine now (node_tier.py names them)."""
+    from gpuguard.watchdog.node_tier import PAGE_PREFIX, page_directory
+    return set(Path(page_directory()).glob(PAGE_PREFIX + "*"))
+
+
 @pytest.mark.slow
 def test_node_tier_a_stopped_leader_leaves_its_node_asking_the_store_and_every_rank_reports(fake_gpus, tmp_path):
     # two nodes of two ranks: rank 2 leads the second node's watchdogs, and stops itself; rank 3 then finds its
     # leader's answer too old, asks the store itself, and reports like ranks 0 and 1
-    from gpuguard.watchdog.node_tier import PAGE_PREFIX, page_directory
-    pages_before = set(Path(page_directory()).glob(PAGE_PREFIX + "*"))
+    pages_before = tier_pages()
     job = Job("stopped", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2)
     job.wait_for_reports({0, 1, 3})
     output = job.end(timeout=1)
-    for page in set(Path(page_directory()).glob(PAGE_PREFIX + "*")) - pages_before:
+    for page in tier_pages() - pages_before:
         page.unlink()  # its leaders were killed: a later leader would remove their pages after 10 idle minutes
     reports = check_on_every_rank(job, output, {0, 1, 3}, "rank_gone",
                                   "rank 2 of ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) is gone or unreachable",
@@ -364,12 +369,11 @@ def test_node_tier_a_stopped_leader_leaves_its_node_asking_the_store_and_every_r
 
 @pytest.mark.slow
 def test_node_tier_healthy_followers_read_their_leader_instead_of_the_store(fake_gpus, tmp_path):
-    from gpuguard.watchdog.node_tier import PAGE_PREFIX, page_directory
-    pages_before = set(Path(page_directory()).glob(PAGE_PREFIX + "*"))
+    pages_before = tier_pages()
     job = Job("healthy", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2,
               extra=(str(HEALTHY_TIER_STEPS), str(HEALTHY_TIER_IDLE_S)))
     output = job.end(timeout=300)
-    left = set(Path(page_directory()).glob(PAGE_PREFIX + "*")) - pages_before
+    left = tier_pages() - pages_before
     assert not left, f"each leader removes its node's page when its watch stops: {left}"
     assert all(p.returncode == 0 for p in job.procs), output[-4000:]
     assert "collective stall" not in output and not job.reports()
