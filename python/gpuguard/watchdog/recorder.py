@@ -5,7 +5,8 @@ The flight recorder counts every collective of every process group, whatever iss
 functional collectives, Python calls), and its per-group status says which completed -- for NCCL from the CUDA
 events ProcessGroupNCCL's own watchdog polls. The watchdog's thread reads that status without the GIL through
 ``gpuguard._libtorch.flight_recorder_reader()``. Stack traces need the GIL to symbolise, so call sites are read
-here, by a helper thread, only when a report needs one.
+here, by a helper thread, when a report needs one, and once at the first collective: a process's first
+symbolisation is slow (torch 2.15 imports torch._inductor for it), and is paid then rather than by a report.
 """
 
 from __future__ import annotations
@@ -216,6 +217,7 @@ class SiteAnswerer:
 
     def __init__(self, dog: Any) -> None:
         self._dog = dog
+        self.answered = 0  # requests answered, the watchdog's warm-up at the first collective included
         self._thread = threading.Thread(target=self._run, name="gpuguard-watch-sites", daemon=True)
         self._thread.start()
 
@@ -230,6 +232,7 @@ class SiteAnswerer:
             except Exception as exc:  # the report goes out without a call site, saying why
                 site = f"(call site unknown: {type(exc).__name__}: {exc})"
             self._dog.answer_site(request.id, site)
+            self.answered += 1
 
     def join(self, timeout: float = 10.0) -> None:
         if self._thread is not threading.current_thread():
