@@ -265,7 +265,7 @@ void Watchdog::refresh_recorder() {
 
 // The first collective recorded: ask the Python side for its call site now and drop the answer. A process's
 // first symbolisation of the recorder's stack traces is slow (torch 2.15 imports torch._inductor for it: 1.1 s on
-// an idle core, several on a loaded one), and a report that paid it would go out without its call sites.
+// an idle core, past a report's 2.4 s wait on CI's loaded two), and a report that paid it lost its call sites.
 void Watchdog::warm_sites(const std::string& source, const std::string& group, std::int64_t seq) {
   sites_warmed_ = true;
   {
