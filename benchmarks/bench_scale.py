@@ -29,7 +29,9 @@ Measured per run: wall time from the start to the last rank's verdict; store ope
 most, and rank 0's, which composes); requests per second the server answered; CPU time of the server process
 and of the simulation process, each per rank (flat across sizes: linear); memory: the server's resident growth
 per rank (its keys), and the simulation's per rank (connection, greenlet and check). The simulation's CPU time is
-its own overhead plus the check's Python code, which on a real job runs on each rank's own core; the server's CPU
+its own overhead plus the check's Python code, which on a real job runs on each rank's own core, plus Python's
+garbage collector walking every simulated rank's objects in one heap (measured apart: it is what grows with size,
+and a real rank's heap holds its own check only); the server's CPU
 time is what one TCPStore spends, and how much of the server's one thread a size needs is the load column.
 Separately, the server's capacity: 256 connections issuing CHECKs back to back; the server's CPU time per
 request gives the most requests per second one TCPStore thread sustains.
@@ -46,6 +48,7 @@ monkey.patch_all()  # before anything imports socket or threading: the ranks are
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -95,16 +98,45 @@ def _connect(port: int, n: int) -> list[WireStore]:
     return stores  # type: ignore[return-value]
 
 
+class GcClock:
+    """CPU time this process spends in Python's cyclic garbage collector. One process holds every simulated
+    rank's objects, so each full collection walks a heap that grows with the ranks (a real rank's heap holds its
+    own check only): the share of the simulation's CPU per rank that grows with size is this, measured apart."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.full_collections = 0
+        self._began = 0.0
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self._phase)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._phase)
+
+    def _phase(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+            return
+        self.cpu_s += time.process_time() - self._began
+        self.full_collections += info["generation"] == 2
+
+
 def _measure(server: Server, stores: list[WireStore], body: Any) -> dict[str, Any]:
-    """Runs ``body()`` and what it cost: wall, the server's and this process's CPU, the requests."""
+    """Runs ``body()`` and what it cost: wall, the server's and this process's CPU (and its garbage collector's
+    share), the requests."""
     requests = sum(s.requests for s in stores)
     server_cpu, own_cpu, started = server.cpu_s(), time.process_time(), time.perf_counter()
-    extra = body(started)
+    with GcClock() as collector:
+        extra = body(started)
     wall = time.perf_counter() - started
     # the server's CPU is read a moment later: /proc's counters advance in ticks
     gevent.sleep(0.05)
     result = {"wall_s": extra.pop("wall_s", wall), "server_cpu_s": server.cpu_s() - server_cpu,
-              "sim_cpu_s": time.process_time() - own_cpu, "requests": sum(s.requests for s in stores) - requests}
+              "sim_cpu_s": time.process_time() - own_cpu, "sim_gc_cpu_s": collector.cpu_s,
+              "sim_full_collections": collector.full_collections,
+              "requests": sum(s.requests for s in stores) - requests}
     result.update(extra)
     return result
 
@@ -307,7 +339,8 @@ def _row(r: dict[str, Any], sustainable: float) -> str:
            else f"{'':>13}")
     verdict = ",".join(r.get("verdicts", [])) or "-"
     return (f"{n:>6} {r['scenario']:<11} {r['wall_s']:>7.2f} {ops} {load:>8.0f} {load / sustainable:>5.0%} "
-            f"{r['server_cpu_s'] / n * 1e6:>7.0f} {r['sim_cpu_s'] / n * 1e6:>7.0f} {mem}  {verdict}")
+            f"{r['server_cpu_s'] / n * 1e6:>7.0f} {r['sim_cpu_s'] / n * 1e6:>7.0f} {r['sim_gc_cpu_s'] / n * 1e6:>6.0f} "
+            f"{mem}  {verdict}")
 
 
 def main() -> int:
@@ -342,7 +375,7 @@ def main() -> int:
           f"({capacity['requests'] / capacity['wall_s']:.0f} requests/s reached with the server "
           f"{capacity['server_busy']:.0%} busy): at most ~{sustainable:.0f} requests/s on its one thread")
     print(f"{'ranks':>6} {'scenario':<11} {'wall s':>7} {'ops/rank':>5} {'max':>4} {'r0':>4} {'req/s':>8} "
-          f"{'load':>5} {'srv us':>7} {'sim us':>7} {'srvKiB':>6} {'simKiB':>6}  verdict")
+          f"{'load':>5} {'srv us':>7} {'sim us':>7} {'gc us':>6} {'srvKiB':>6} {'simKiB':>6}  verdict")
     rows = []
     for n in sizes:
         for scenario in args.scenarios.split(","):
@@ -360,7 +393,9 @@ def main() -> int:
           "composes); watchdog: operations per rank per minute. req/s: requests the server answered per second of "
           "the run (a get is two); load: that against the server's sustainable rate. srv us / sim us: CPU time per "
           "rank of the server and of this simulation (its own overhead plus the check's Python code, which a real "
-          "job runs on each rank's core). srvKiB: the server's memory growth per rank; simKiB: this process's.")
+          "job runs on each rank's core); gc us: the part of sim us spent in Python's garbage collector, whose full "
+          "collections walk every simulated rank's objects (a real rank's heap holds its own). srvKiB: the server's "
+          "memory growth per rank; simKiB: this process's.")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"capacity": capacity, "runs": rows, "cpus": os.cpu_count(),

@@ -64,6 +64,8 @@ def test_simulated_ranks_get_the_verdicts_real_ranks_get(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["scenario"]: r for r in json.loads(out.read_text())["runs"]}
     assert runs["pass"]["verdicts"] == ["ok"] and runs["pass"]["ops_median"] == 8
+    # the garbage collector's part of the simulation's CPU is measured apart, and is a part of it
+    assert all(0 <= r["sim_gc_cpu_s"] <= r["sim_cpu_s"] for r in runs.values()), runs
     assert runs["fail-few"]["verdicts"] == runs["fail-many"]["verdicts"] == ["duplicate"]
     assert runs["fail-few"]["message"].startswith("24 ranks of group 'default' share 12 GPUs.")
     # every surviving rank gets the named verdict within the deadline + 5 s
