@@ -27,12 +27,13 @@ stops there; --abandon-after 10 widens that wait for the simulation only (a real
 
 Measured per run: wall time from the start to the last rank's verdict; store operations per rank (median and
 most, and rank 0's, which composes); requests per second the server answered; CPU time of the server process
-and of the simulation process, each per rank (flat across sizes: linear); memory: the server's resident growth
-per rank (its keys), and the simulation's per rank (connection, greenlet and check). The simulation's CPU time is
-its own overhead plus the check's Python code, which on a real job runs on each rank's own core, plus Python's
-garbage collector walking every simulated rank's objects in one heap (measured apart: it is what grows with size,
-and a real rank's heap holds its own check only); the server's CPU
-time is what one TCPStore spends, and how much of the server's one thread a size needs is the load column.
+and of the simulation process, each per rank (the server's flat across sizes: linear); memory: the server's
+resident growth per rank (its keys), and the simulation's per rank (connection, greenlet and check). The
+simulation's CPU time is its own overhead plus the check's Python code, which on a real job runs on each rank's
+own core, plus Python's garbage collector, measured apart: its full collections walk every simulated rank's
+objects in this one process, most of what grows with size (a real rank's heap holds its own check only). The
+server's CPU time is what one TCPStore spends, and how much of the server's one thread a size needs is the load
+column.
 Separately, the server's capacity: 256 connections issuing CHECKs back to back; the server's CPU time per
 request gives the most requests per second one TCPStore thread sustains.
 

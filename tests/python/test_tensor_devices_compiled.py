@@ -472,7 +472,8 @@ def test_export_of_a_guarded_model_exports_no_check_and_a_mismatch_stops_it(kind
 
 # torch 2.6, with an empty Inductor cache (a fresh machine): codegen logs the graph as a runnable repro through its
 # structured trace, which under pytest's log handlers runs and warns that it leaves a Dynamo setting out of the
-# repro; torch's own debug logging, not the compiled code, and outside pytest the payload never runs
+# repro. That is torch's own debug logging, not the compiled code: outside pytest the same compile, cold, passes
+# with warnings as errors
 @pytest.mark.filterwarnings("ignore:Skipping serialization of skipfiles_inline_module_allowlist:UserWarning")
 @pytest.mark.slow
 def test_inductor_max_autotune_without_cuda_graphs_compiles_the_guarded_model_on_the_cpu():
