@@ -74,6 +74,8 @@ if scenario in ("ddp", "healthy_ddp"):
     x = torch.ones(2, 8)
     steps = int(sys.argv[3]) if scenario == "healthy_ddp" else 6
     for step in range(1, steps + 1):
+        if step == 2 and scenario == "ddp":
+            wait_for_the_first_symbolisation()
         loss = model(x).sum()
         if scenario == "ddp" and rank == 2 and step == 4:
             mark("stall_start")
@@ -86,6 +88,8 @@ if scenario in ("ddp", "healthy_ddp"):
 
 if scenario == "async_wait":
     for i in range(1, 8):
+        if i == 2:
+            wait_for_the_first_symbolisation()
         if rank == 2 and i == 5:
             mark("stall_start")
             time.sleep(hold)  # rank 2 sleeps (async scenario)
