@@ -14,6 +14,7 @@ dead peer itself, NCCL does not); `healthy` runs argv[3] steps (then idles argv[
 never report.
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -37,8 +38,31 @@ if os.environ.get("GPUGUARD_WATCH") == "1":  # the zero-code path (`gpuguard run
 else:
     w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out,
                        gather=3)
-hold = stall_after + 25  # long enough for the report, then the job goes on and ends on its own
+hold = stall_after + 25  # long enough for the report; the test ends it once it has every rank's
 t = torch.ones(4)
+
+
+class Released(Exception):
+    """The test's SIGUSR1: it has every rank's report, so rank 2's hold ends and the job goes on and ends."""
+
+
+def _released(signum, frame):
+    raise Released
+
+
+@contextlib.contextmanager
+def until_released():
+    """Rank 2's hold, its sleep in the with block: the test ends it (SIGUSR1 to the pid in hold.pid) once every
+    rank has reported, instead of waiting out `hold`; a release after the hold is ignored."""
+    signal.signal(signal.SIGUSR1, _released)
+    with open(os.path.join(out, "hold.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        yield
+    except Released:
+        pass
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def wait_for_the_first_symbolisation() -> None:
@@ -79,7 +103,8 @@ if scenario in ("ddp", "healthy_ddp"):
         loss = model(x).sum()
         if scenario == "ddp" and rank == 2 and step == 4:
             mark("stall_start")
-            time.sleep(hold)  # rank 2 sleeps before its backward
+            with until_released():
+                time.sleep(hold)  # rank 2 sleeps before its backward
         loss.backward()  # DDP's reducer all-reduces the gradients in here
     print(f"rank {rank}: {scenario} done, {w.reports} reports", flush=True)
     w.stop()
@@ -92,7 +117,8 @@ if scenario == "async_wait":
             wait_for_the_first_symbolisation()
         if rank == 2 and i == 5:
             mark("stall_start")
-            time.sleep(hold)  # rank 2 sleeps (async scenario)
+            with until_released():
+                time.sleep(hold)  # rank 2 sleeps (async scenario)
         work = dist.all_reduce(t, async_op=True)  # the async all-reduce: returns at once, like NCCL's
         work.wait()  # the others' CPU waits here
     print(f"rank {rank}: done", flush=True)
@@ -128,9 +154,11 @@ for i in range(1, 8):
     if rank == 2 and i == 5:
         mark("stall_start")
         if scenario == "behind_python":
-            time.sleep(hold)  # rank 2 sleeps here
+            with until_released():
+                time.sleep(hold)  # rank 2 sleeps here
         elif scenario == "behind_gil":
-            ctypes.PyDLL("libc.so.6").sleep(int(hold))  # a C call that keeps the GIL
+            with until_released():  # the signal ends sleep(3) early; the handler raises once it returns
+                ctypes.PyDLL("libc.so.6").sleep(int(hold))  # a C call that keeps the GIL
         elif scenario == "stopped":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif scenario == "killed":
