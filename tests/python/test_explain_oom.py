@@ -14,6 +14,8 @@ from conftest import ROOT
 from gpuguard.explain import LogExplainer, explain, kinds_in
 from gpuguard.explain.recognisers.cuda_oom import parse_message
 
+pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
+
 # awslabs/keys_values#92 (torch 2.9 era wording: torch.OutOfMemoryError, PYTORCH_ALLOC_CONF), rank 0 of a 4-rank
 # job on A100 40GB: three other ranks (and a fourth process) hold 414 MiB each on its GPU.
 STRAY_RANK_PREFIXED = (

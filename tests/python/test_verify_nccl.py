@@ -12,6 +12,8 @@ import pytest
 from test_bind import scrubbed
 from test_cli_check import rank_lines
 
+pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
+
 
 def torchrun_verify(fake_gpus, tmp_path, topology: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = scrubbed(fake_gpus.env(topology, GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl"), **extra))
