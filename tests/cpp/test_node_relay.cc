@@ -151,6 +151,10 @@ namespace {
 TEST(NodeRelay, PagesLeftByKilledLeadersAreRemovedOthersKept) {
   std::string dir = ::testing::TempDir() + "gpuguard-relay-dir-" + std::to_string(::getpid());
   ::mkdir(dir.c_str(), 0700);
+  struct RemovedLast {  // declared before the relays, so removed after they unlink their pages
+    std::string path;
+    ~RemovedLast() { ::rmdir(path.c_str()); }
+  } const removed_last{dir};
   auto fast = gpuguard::NodeRelay::create(dir + "/gpuguard-watch-fast", 0.01);
   auto slow = gpuguard::NodeRelay::create(dir + "/gpuguard-watch-slow", 10.0);
   ASSERT_TRUE(fast.ok() && slow.ok());
