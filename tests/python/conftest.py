@@ -64,6 +64,8 @@ class FakeGpus:
         # processes of other tests never show up on this one's GPUs
         env["GPUGUARD_FAKE_GPU_STATE_DIR"] = tempfile.mkdtemp(prefix="gg-fake-gpu-", dir=self.state_root)
         env["GPUGUARD_FAKE_TOPOLOGY"] = str(path)
+        # where the fake NCCL's ranks meet, under pytest's own temporary folder rather than the fake's default in /tmp
+        env.setdefault("GPUGUARD_FAKE_NCCL_DIR", os.path.join(self.state_root or tempfile.gettempdir(), "fake-nccl"))
         if visible is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible
         env["PYTHONPATH"] = os.pathsep.join(
