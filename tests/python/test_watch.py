@@ -50,8 +50,8 @@ class Job:
         self.dir.mkdir()
         # the worker starts the watch after init_process_group: torch before 2.11 keeps no recorder entries unless
         # asked, so the job asks as gpuguard's warning says
-        env = scrubbed(dict({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}, **env, WATCH_DIR=str(self.dir),
-                            GPUGUARD_WATCH_DIR=str(self.dir), GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl")))
+        env = scrubbed({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", **env, "WATCH_DIR": str(self.dir),
+                        "GPUGUARD_WATCH_DIR": str(self.dir), "GPUGUARD_FAKE_NCCL_DIR": str(tmp_path / "nccl")})
         args = [str(WORKER), scenario, str(STALL_AFTER), *extra]
         self.logs = [tmp_path / f"agent{n}.log" for n in range(agents)]
         self.procs = []
