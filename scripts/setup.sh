@@ -5,7 +5,8 @@
 #   PYTHON=...            the interpreter (a venv's) to install into (default python3)
 #   GPUGUARD_TORCH / GPUGUARD_RAY   what to ask pip for (default the supported floors: torch>=2.6,
 #                         ray[default,train]>=2.43; an installed version in the range is kept)
-#   GPUGUARD_BUILD_TYPE   CMake build type of the installed modules (default Release)
+#   GPUGUARD_BUILD_TYPE   CMake build type of the installed modules (default RelWithDebInfo, as scripts/test.sh)
+#   GPUGUARD_CPP_TESTS=0  leave the C++ tests out of the shared build folder (the fakes are built either way)
 #   scripts/setup.sh --system-only    the Debian packages alone (CI, before it makes its venvs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,8 +41,13 @@ PY=${PYTHON:-python3}
   "${GPUGUARD_TORCH:-torch>=2.6}" "${GPUGUARD_RAY:-ray[default,train]>=2.43}" numpy "scikit-build-core>=0.10" \
   "pybind11>=2.12" "pytest>=8" pytest-timeout
 # --no-build-isolation: gpuguard._libtorch must be compiled against the torch installed above (its ABI and version).
-# One build folder per Python and torch, as scripts/test.sh keeps (tests/python/test_torch_mismatch.py reuses it).
+# The build folder is the one scripts/test.sh builds in (build/dev for the default python3, build/dev-<tag> for
+# another PYTHON), configured as test.sh configures it (the fakes, the C++ tests unless GPUGUARD_CPP_TESTS=0, the
+# modules also written in place): test.sh after setup.sh then compiles nothing a second time.
 tag=$("$PY" -c 'import sys, importlib.metadata as m; v = m.version("torch").split("+")[0]; print("py%d.%d-torch%s" % (sys.version_info[0], sys.version_info[1], v))')
-"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir="build/wheel-$tag" \
-  -Ccmake.build-type="${GPUGUARD_BUILD_TYPE:-Release}" .
+if [ -n "${PYTHON:-}" ]; then build="build/dev-$tag"; else build="build/dev"; fi
+cpp_tests=$([ "${GPUGUARD_CPP_TESTS:-1}" = 0 ] && echo OFF || echo ON)
+"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -Cbuild-dir="$build" \
+  -Ccmake.build-type="${GPUGUARD_BUILD_TYPE:-RelWithDebInfo}" -Ccmake.define.GPUGUARD_BUILD_TESTS=ON \
+  -Ccmake.define.GPUGUARD_BUILD_CPP_TESTS="$cpp_tests" -Ccmake.define.GPUGUARD_INPLACE=ON .
 echo "setup: gpuguard $("$PY" -c 'import gpuguard; print(gpuguard.__version__)') installed against torch $("$PY" -c 'import torch; print(torch.__version__)') ($tag)"
