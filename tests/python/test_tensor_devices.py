@@ -17,6 +17,8 @@ from torch import nn
 import gpuguard
 from conftest import no_driver_env, run_json
 
+pytestmark = pytest.mark.follows_torch
+
 CPU = torch.device("cpu")
 META = torch.device("meta")
 

@@ -15,6 +15,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gpuguard
 
+pytestmark = pytest.mark.follows_torch
+
 
 @pytest.fixture
 def fake(monkeypatch):

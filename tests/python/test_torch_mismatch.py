@@ -30,6 +30,8 @@ import gpuguard
 from conftest import ROOT
 from gpuguard._libtorch_loader import build_record_name
 
+pytestmark = pytest.mark.follows_torch
+
 SIMULATED_TORCH = "2.4.1+cu124"
 REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps gpuguard"
 OTHER_PYTHON = os.environ.get("GPUGUARD_TEST_OTHER_TORCH_PYTHON")

@@ -176,6 +176,7 @@ def behind(job: Job, output: str, marker: str) -> None:
         assert job.report_time(rank) - job.stall_start() <= STALL_AFTER + 15
 
 
+@pytest.mark.follows_torch
 @pytest.mark.slow
 def test_rank_behind_sleeping_in_python_is_named_with_its_stack(fake_gpus, tmp_path):
     job = Job("behind_python", tmp_path, fake_gpus.env("h100x4"))
@@ -220,6 +221,7 @@ def progress_note() -> str:
             f"w.collective(stream=...) did; torch's flight recorder is not used: backend 'gloo': {missing})")
 
 
+@pytest.mark.follows_torch
 @pytest.mark.slow
 def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_flight_recorder(fake_gpus, tmp_path):
     # the shape of every NCCL collective: the call returns at once, the CPU waits later (here in work.wait())
@@ -240,6 +242,7 @@ def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_f
     assert "gpuguard-watch-sites" not in output and "recorder.py" not in stall["stack"], "our own thread is no news"
 
 
+@pytest.mark.follows_torch
 @pytest.mark.slow
 def test_ddp_gradient_all_reduce_waiting_for_a_sleeping_rank_is_named_as_ddps(fake_gpus, tmp_path):
     job = Job("ddp", tmp_path, fake_gpus.env("h100x4"))
@@ -297,6 +300,7 @@ def test_gpuguard_run_with_gpuguard_watch_takes_the_same_path(fake_gpus, tmp_pat
         progress_note())
 
 
+@pytest.mark.follows_torch
 @pytest.mark.slow
 def test_healthy_ddp_loop_never_reports(fake_gpus, tmp_path):
     job = Job("healthy_ddp", tmp_path, fake_gpus.env("h100x4"), extra=("300",))
@@ -326,6 +330,7 @@ def test_on_stall_raise_ends_every_rank_with_the_report_and_exit_code_75(fake_gp
     assert "rank 2: done" not in output
 
 
+@pytest.mark.follows_torch
 @pytest.mark.slow
 def test_desync_names_both_collectives(fake_gpus, tmp_path):
     job = Job("desync", tmp_path, fake_gpus.env("h100x4"))
@@ -465,6 +470,7 @@ print(json.dumps({"restored": not hasattr(dist.all_reduce, "__gpuguard_original_
 """
 
 
+@pytest.mark.follows_torch
 def test_bind_watch_starts_at_init_with_the_adaptive_floor_and_stop_restores(fake_gpus):
     proc = subprocess.run([sys.executable, "-c", WATCH_ONE_RANK], env=scrubbed(fake_gpus.env("h100x1")),
                           capture_output=True, text=True, timeout=120)
@@ -496,6 +502,7 @@ w.stop()
 """
 
 
+@pytest.mark.follows_torch
 def test_the_first_recorded_collective_pays_the_slow_first_symbolisation_before_any_report(fake_gpus, tmp_path):
     # CI saw a desync report go out without its call sites: torch 2.15's first dump of the recorder's stack traces
     # imports torch._inductor (1.1 s idle, more than the report's site wait on a loaded machine)
@@ -508,6 +515,7 @@ def test_the_first_recorded_collective_pays_the_slow_first_symbolisation_before_
     assert result == {"before": 0, "after": 1, "reports": 0}, (result, proc.stderr[-3000:])
 
 
+@pytest.mark.follows_torch
 @pytest.mark.parametrize("version, asked", [("2.6.0+cu124", True), ("2.10.0", True), ("2.11.0", False),
                                              ("2.15.0+cu132", False)])
 def test_a_torch_whose_recorder_keeps_nothing_unasked_is_asked_before_init_and_named_after(monkeypatch, version,
