@@ -21,6 +21,8 @@ from gpuguard.deadline import Deadline
 from gpuguard.placement import RankIdentity, exchange, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
 
+pytestmark = pytest.mark.wall_clock
+
 T = 16.0  # the timeout each rank gives bind()
 LATE = 9.0  # how late the other rank comes: more than the slack below, less than T minus start-up skew
 SLACK = 2.0  # "a few seconds" for a rank that waits for nobody after its deadline

@@ -40,6 +40,8 @@ import torch.distributed as dist
 
 from test_bind import scrubbed
 
+pytestmark = pytest.mark.wall_clock
+
 WORKER = Path(__file__).with_name("fault_worker.py")
 T = 6.0  # bind()'s timeout in every case
 GRACE = 5.0  # the exchange's TIMEOUT_GRACE_S: every survivor must have its error by T + GRACE

@@ -21,6 +21,8 @@ import pytest
 from conftest import ROOT
 from test_bind import scrubbed
 
+pytestmark = pytest.mark.wall_clock
+
 WORKER = Path(__file__).with_name("watch_worker.py")
 STALL_AFTER = 3
 HEALTHY_TIER_STEPS, HEALTHY_TIER_IDLE_S = 2000, 6  # all-reduces, then seconds idle: several ticks on any machine
