@@ -130,7 +130,8 @@ def test_a_module_whose_name_only_starts_like_gpuguards():
 
 
 def test_importing_inductor_for_real():
-    import torch._inductor  # noqa: F401  whatever this torch warns on the way
+    # what torch.compile loads first; torch 2.11 warns 14 times on the way (torch.utils.mkldnn's script_method)
+    import torch._inductor.compile_fx  # noqa: F401
 
 
 def test_gpuguards_own_warning_attributed_to_the_caller():
@@ -195,8 +196,8 @@ def test_warnings_of_torchs_modules_are_reported_and_gpuguards_fail_the_test(tmp
     assert "DeprecationWarning: torch.cuda.foo is deprecated" in output
     assert "`torch.jit.script_method` is deprecated" in output and "TensorFloat32 tensor cores" in output
     import torch
-    if torch.__version__.startswith("2.11."):  # the lent machine's torch warns for real on importing inductor
-        assert output.count("`torch.jit.script_method` is deprecated") >= 2, output[-6000:]
+    if torch.__version__.startswith("2.11."):  # the lent machine's torch: the warning for real, from torch's module
+        assert "torch/jit/_script.py" in output and "test_importing_inductor_for_real" in output, output[-6000:]
 
 
 def test_every_warning_gpuguard_raises_is_a_gpuguard_warning():
