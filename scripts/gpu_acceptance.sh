@@ -1,32 +1,45 @@
 #!/usr/bin/env bash
-# Proves gpuguard on a real NVIDIA GPU: builds it against the torch found here (no network), runs the tests
-# marked `gpu`, and prints a report (driver, GPU, torch and NCCL versions; each check's outcome and facts).
-#   scripts/gpu_acceptance.sh            build, run, report (a lent GPU machine; about 10 minutes at most)
-#   scripts/gpu_acceptance.sh --dry-run  say what it would check and collect the tests (any machine; CI)
-# The report goes to stdout and, as JSON, to $OUT/gpu_report.json (or build/gpu-acceptance/).
+# Proves gpuguard on a real NVIDIA GPU: builds it against the torch found here (no network), runs the tests marked
+# `gpu`, and prints a report: versions, what each check recorded, then a table of each check, its outcome and its
+# figure (the number it measured, where it has one).
+#   scripts/gpu_acceptance.sh            build, run, report (a lent GPU machine: under 8 minutes on 16 cores)
+#   scripts/gpu_acceptance.sh --dry-run  list the checks and collect both runs' selections (any machine, with or
+#                                        without Ray or a GPU; CI)
+# The report goes to stdout and, as JSON, to $OUT/gpu_report.json (or build/gpu-acceptance/), with the tests' log.
+# Two pytest runs: the checks that can share the GPU, side by side (pytest-xdist, where installed: GPU_WORKERS, 4
+# by default), then those marked gpu_alone (timings, the GPU's memory and its processes), one at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 REPORT_DIR=${OUT:-build/gpu-acceptance}
 mkdir -p "$REPORT_DIR"
 # pytest-timeout may be missing on the GPU machine (it has no network): without it, its ini key is only noise.
-PYTEST=("$PY" -m pytest tests/python/gpu -m gpu -p no:cacheprovider -o 'addopts=-ra --strict-markers'
+PYTEST=("$PY" -m pytest tests/python/gpu -p no:cacheprovider -o 'addopts=-ra --strict-markers'
         -W ignore::pytest.PytestConfigWarning)
+SHARED="gpu and not gpu_alone"
+ALONE="gpu and gpu_alone"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "${1:-}" = "--dry-run" ]; then
   echo "gpu_acceptance: dry run: the checks a GPU machine would run (each compares gpuguard with the real thing):"
   "$PY" - <<'PYEOF'
 import ast, pathlib
-for path in sorted(pathlib.Path("tests/python/gpu").glob("test_*.py")):
+for path in sorted(pathlib.Path("tests/python/gpu").glob("test_gpu_*.py")):
     tree = ast.parse(path.read_text())
     print(f"  {path.name}: {ast.get_docstring(tree).splitlines()[0]}")
+    marks = [n for n in tree.body if isinstance(n, ast.Assign) and "pytestmark" in ast.unparse(n.targets)]
+    module_alone = any("gpu_alone" in ast.unparse(n.value) for n in marks)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
             doc = ast.get_docstring(node) or ""
-            print(f"    - {node.name}: {doc.splitlines()[0] if doc else ''}")
+            alone = module_alone or any("gpu_alone" in ast.unparse(d) for d in node.decorator_list)
+            print(f"    - {node.name}{' (alone)' if alone else ''}: {doc.splitlines()[0] if doc else ''}")
 PYEOF
-  export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-  "${PYTEST[@]}" --collect-only -q
+  # what each of the two runs would select must collect without an error, and select something
+  for selection in "$SHARED" "$ALONE"; do
+    echo "gpu_acceptance: -m '$selection':"
+    "${PYTEST[@]}" -m "$selection" --collect-only -q
+  done
   exit 0
 fi
 
@@ -39,11 +52,23 @@ cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUGUARD_BUILD_TES
 built=$(date +%s)
 echo "gpu_acceptance: built in $((built - start)) s"
 nvidia-smi || true
-export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-export GPUGUARD_GPU_REPORT="$REPORT_DIR/gpu_report.json"
+WORKERS=()
+if "$PY" -c "import xdist" 2>/dev/null; then WORKERS=(-n "${GPU_WORKERS:-4}"); fi
 set +e
-"${PYTEST[@]}" -v 2>&1 | tee "$REPORT_DIR/gpu_tests.log"
-rc=${PIPESTATUS[0]}
+GPUGUARD_GPU_REPORT="$REPORT_DIR/part-shared.json" "${PYTEST[@]}" -m "$SHARED" "${WORKERS[@]}" -v 2>&1 \
+  | tee "$REPORT_DIR/gpu_tests.log"
+rc_shared=${PIPESTATUS[0]}
+shared_done=$(date +%s)
+GPUGUARD_GPU_REPORT="$REPORT_DIR/part-alone.json" "${PYTEST[@]}" -m "$ALONE" -v 2>&1 \
+  | tee -a "$REPORT_DIR/gpu_tests.log"
+rc_alone=${PIPESTATUS[0]}
 set -e
-echo "gpu_acceptance: build $((built - start)) s, tests $(( $(date +%s) - built )) s, pytest exit $rc"
-exit "$rc"
+done_at=$(date +%s)
+echo
+echo "gpu_acceptance: the report (also $REPORT_DIR/gpu_report.json):"
+"$PY" tests/python/gpu/acceptance_report.py "$REPORT_DIR/gpu_report.json" "$REPORT_DIR/part-shared.json" \
+  "$REPORT_DIR/part-alone.json" --note "build $((built - start)) s; checks side by side $((shared_done - built)) s \
+(${WORKERS[*]:-one at a time}, pytest exit $rc_shared); checks alone $((done_at - shared_done)) s (pytest exit \
+$rc_alone); in all $((done_at - start)) s"
+# pytest's exit 5 (nothing selected) is a failure too: a selection lost its checks
+[ "$rc_shared" = 0 ] && [ "$rc_alone" = 0 ]

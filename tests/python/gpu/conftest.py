@@ -2,8 +2,10 @@
 
 Every test here compares gpuguard with the real thing (nvidia-smi, torch.cuda, NCCL's own text), never with
 itself. Without a GPU each test is collected and skipped with the reason; `scripts/gpu_acceptance.sh` runs
-them on a lent GPU machine and prints the report this module assembles (versions, then each check's outcome
-and the facts it recorded).
+them on a lent GPU machine and prints the report this module assembles (versions, then each check's outcome,
+the facts it recorded and its figure). A test marked `gpu_alone` measures something another test on the same GPU
+would disturb (a time, the GPU's memory, the processes on it): the script runs those after the others, one at a
+time.
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
-from .gpu_support import nvidia_smi
+from .acceptance_report import CHECK, FACT, FIGURE, check_name, jsonable, table
+from .gpu_support import RESULTS_VARIABLE, nvidia_smi
 
 ROOT = Path(__file__).resolve().parents[3]
 # variables that point gpuguard at the fakes, or that a launcher running this suite would leak into children
 _SCRUB = ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_LIBNVML", "GPUGUARD_FAKE_GPU_STATE_DIR",
-          "GPUGUARD_FAKE_TOPOLOGY", "GPUGUARD_FAKE_CALL_LOG",
+          "GPUGUARD_FAKE_TOPOLOGY", "GPUGUARD_FAKE_CALL_LOG", "GPUGUARD", "GPUGUARD_LAUNCHER", RESULTS_VARIABLE,
           "GPUGUARD_FAKE_NCCL_DIR", "CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
           "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")
 
@@ -29,12 +32,19 @@ _SCRUB = ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_LIBNVML", "GPUGUARD_
 _SMI_ROWS, _NO_GPU_REASON = nvidia_smi()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu_alone: measures what another test on the GPU would disturb (a time, "
+                                       "its memory, its processes): scripts/gpu_acceptance.sh runs it alone")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _SMI_ROWS:
-        return
+    # the marker, not item.keywords: those hold this package's name, "gpu", for every test in it
     skip = pytest.mark.skip(reason=f"needs a real NVIDIA GPU: {_NO_GPU_REASON}")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is None:
+            continue
+        item.user_properties.append((CHECK, True))  # its reports, wherever pytest-xdist ran it, say it is a check
+        if not _SMI_ROWS:
             item.add_marker(skip)
 
 
@@ -54,37 +64,60 @@ def real_env() -> dict[str, str]:
 
 
 class Report:
-    """Facts the GPU tests record (versions, texts, timings), keyed by test; printed and saved at the end."""
+    """What one test records for the report: facts (texts, versions, timings) and its figure, the one measured
+    number that sums the check up. Kept in the test's user_properties, which pytest-xdist carries from its
+    workers to the process that prints the report."""
 
-    def __init__(self) -> None:
-        self.facts: dict[str, dict[str, Any]] = {}
-        self.outcomes: dict[str, str] = {}
-        self.current = "session"
+    def __init__(self, node: pytest.Item) -> None:
+        self.node = node
 
     def record(self, key: str, value: Any) -> None:
-        self.facts.setdefault(self.current, {})[key] = value
+        self.node.user_properties.append((FACT + key, jsonable(value)))
 
-
-REPORT = Report()
+    def figure(self, value: float, unit: str, what: str = "") -> None:
+        """The check's figure, e.g. figure(1.1, "s", "both ranks stopped"): '1.1 s (both ranks stopped)'."""
+        text = f"{value:.4g} {unit}".rstrip() + (f" ({what})" if what else "")
+        self.node.user_properties.append((FIGURE, text))
 
 
 @pytest.fixture
 def report(request: pytest.FixtureRequest) -> Report:
-    REPORT.current = request.node.name
-    return REPORT
+    return Report(request.node)
+
+
+class _Checks:
+    """The controller's view of every `gpu` check: outcome, facts, figure (by check name, in run order)."""
+
+    def __init__(self) -> None:
+        self.checks: dict[str, dict[str, Any]] = {}
+
+    def add(self, report: pytest.TestReport) -> None:
+        if (CHECK, True) not in report.user_properties:
+            return
+        check = self.checks.setdefault(check_name(report.nodeid), {"outcome": "", "facts": {}, "figure": None})
+        for key, value in report.user_properties:
+            if key == FIGURE:
+                check["figure"] = value
+            elif key.startswith(FACT):
+                check["facts"][key[len(FACT):]] = value
+        if (report.when == "call" or (report.when == "setup" and not report.passed)
+                or (report.when == "teardown" and report.failed and not check["outcome"].startswith("failed"))):
+            outcome = report.outcome
+            if report.skipped and isinstance(report.longrepr, tuple):
+                outcome = f"skipped: {report.longrepr[2].removeprefix('Skipped: ')}"
+            elif report.failed:
+                where = "" if report.when == "call" else f" in {report.when}"
+                crash = getattr(report.longrepr, "reprcrash", None)  # the exception's own line
+                said = crash.message if crash is not None else str(report.longrepr)
+                outcome = f"failed{where}: " + (said.strip().splitlines() or [""])[0][:300]
+            check["outcome"] = outcome
+
+
+CHECKS = _Checks()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    name = report.nodeid.rsplit("::", 1)[-1]
-    if "gpu" not in report.keywords:
-        return
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        outcome = report.outcome
-        if report.skipped and isinstance(report.longrepr, tuple):
-            outcome = f"skipped: {report.longrepr[2]}"
-        elif report.failed:
-            outcome = "FAILED: " + str(report.longrepr).strip().splitlines()[-1][:300]
-        REPORT.outcomes[name] = outcome
+    CHECKS.add(report)
 
 
 def _versions(rows: list[dict[str, str]]) -> dict[str, Any]:
@@ -104,20 +137,24 @@ def _versions(rows: list[dict[str, str]]) -> dict[str, Any]:
     return versions
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    ran = any(not o.startswith("skipped") for o in REPORT.outcomes.values())
-    if not REPORT.outcomes or not (ran or os.environ.get("GPUGUARD_GPU_REPORT")):
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller reports
         return
-    doc = {"versions": _versions(_SMI_ROWS), "outcomes": REPORT.outcomes, "facts": REPORT.facts}
+    path: Optional[str] = os.environ.get("GPUGUARD_GPU_REPORT")
+    checks = CHECKS.checks
+    ran = any(not c["outcome"].startswith("skipped") for c in checks.values())
+    if not checks or not (ran or path):
+        return
+    doc = {"versions": _versions(_SMI_ROWS), "checks": checks}
     out = terminalreporter
     out.section("gpuguard GPU acceptance report")
-    for key, value in doc["versions"].items():
-        out.line(f"{key}: {value}")
-    for name, outcome in REPORT.outcomes.items():
-        out.line(f"{outcome.split(':')[0].upper():8} {name}" + (f"  ({outcome})" if ":" in outcome else ""))
-        for key, value in REPORT.facts.get(name, {}).items():
+    for name, check in checks.items():
+        out.line(f"{name}: {check['outcome']}")
+        for key, value in check["facts"].items():
             text = value if isinstance(value, str) else json.dumps(value)
             out.line(f"    {key}: {text[:2000]}")
-    path = os.environ.get("GPUGUARD_GPU_REPORT")
+    out.line("")
+    for line in table(doc):
+        out.line(line)
     if path:
         Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n")

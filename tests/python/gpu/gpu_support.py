@@ -1,17 +1,40 @@
-"""Helpers of the GPU acceptance tests: nvidia-smi's view of the GPUs, bus id spelling, and launching jobs."""
+"""Helpers of the GPU acceptance tests: nvidia-smi's view of the GPUs, bus id spelling, launching jobs whose
+ranks each write their result to a file of their own, and NCCL's own lines in a job's output."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 SMI_FIELDS = ("index", "uuid", "pci.bus_id", "name", "memory.total", "driver_version")
+
+#: The folder a job's ranks write their results to, one file each (rank<RANK>.json); run_job sets it.
+RESULTS_VARIABLE = "GPUGUARD_TEST_RESULTS"
+
+#: Put at the top of a worker script: report_result(**fields) writes this rank's result as JSON to its own file,
+#: atomically (a temporary file, then os.replace), so that ranks printing at the same time cannot corrupt it
+#: (two ranks' lines of torchrun's shared stdout arrived glued together on the lent GPU machine). Called again,
+#: the newer result replaces the older.
+REPORT_RESULT = r'''
+def report_result(**fields):
+    import json as _json, os as _os
+    _rank = int(_os.environ.get("RANK", "0"))
+    _path = _os.path.join(_os.environ["GPUGUARD_TEST_RESULTS"], f"rank{_rank}.json")
+    _tmp = f"{_path}.{_os.getpid()}.tmp"
+    with open(_tmp, "w") as _f:
+        _json.dump({"rank": _rank, **fields}, _f)
+    _os.replace(_tmp, _path)
+'''
 
 
 def nvidia_smi() -> tuple[list[dict[str, str]], str]:
@@ -41,20 +64,80 @@ def normalise_bus_id(bus_id: str) -> str:
     return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}"
 
 
-def run_job(argv: list[str], env: dict[str, str], timeout: float) -> tuple[Optional[int], str, float]:
-    """Runs a launcher in its own process group; on timeout kills the whole group. (exit code or None, output, s)."""
+@dataclass
+class Job:
+    """A finished (or killed) job: its exit code (None: killed at its timeout), its output (stdout and stderr
+    together, for a failure message and for explain), its wall time, and each rank's result by rank."""
+
+    returncode: Optional[int]
+    output: str
+    seconds: float
+    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def read_results(folder: Path) -> dict[int, dict[str, Any]]:
+    """rank -> the result that rank wrote to folder/rank<RANK>.json (temporary files of a write cut short are
+    left out: os.replace makes a result appear whole or not at all)."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in sorted(folder.glob("rank*.json")):
+        match = re.fullmatch(r"rank(\d+)\.json", path.name)
+        if match:
+            found[int(match.group(1))] = json.loads(path.read_text())
+    return found
+
+
+def run_job(argv: list[str], env: dict[str, str], timeout: float) -> Job:
+    """Runs a launcher in its own process group, its ranks' results going to a fresh folder (RESULTS_VARIABLE);
+    on timeout kills the whole group."""
+    results = Path(tempfile.mkdtemp(prefix="gpuguard-results-"))
+    env = dict(env, **{RESULTS_VARIABLE: str(results)})
     start = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, output, time.monotonic() - start
+        returncode: Optional[int] = proc.returncode
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        return None, output, time.monotonic() - start
+        returncode = None
+    try:
+        return Job(returncode, output, time.monotonic() - start, read_results(results))
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
 
 
-def torchrun(script: Path, nproc: int, env: dict[str, str], timeout: float, *args: str) -> tuple[Optional[int], str, float]:
+def torchrun(script: Path, nproc: int, env: dict[str, str], timeout: float, *args: str) -> Job:
+    """`torchrun --standalone --nproc_per_node=<nproc> script args...`; the script defines or includes
+    REPORT_RESULT and each rank calls report_result(...)."""
     return run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                     str(script), *args], env, timeout)
+
+
+def worker(folder: Path, name: str, code: str) -> Path:
+    """Writes a worker script: REPORT_RESULT, then ``code``. Returns its path."""
+    path = folder / name
+    path.write_text(REPORT_RESULT + code)
+    return path
+
+
+# NCCL's own log lines (src/debug.cc, ncclDebugLogV): "[timestamp] host:pid:tid [cudaDev] NCCL INFO ..." and
+# "[timestamp] host:pid:tid [cudaDev] file:line (func) NCCL WARN ..." (the timestamp by default on WARN only, the
+# "(func)" on newer NCCL), possibly behind a launcher's prefix ("[rank1]:", torchrun's "[default1]:", Ray's
+# "(RayTrainWorker pid=12)"). A line that merely quotes NCCL's words (gpuguard's messages, torch's "Last error:"
+# text) has none of this at its start, so it is not NCCL speaking.
+_LAUNCHER_PREFIX = r"(?:\[[A-Za-z_-]*\d+\]:\s*|\([^()\s]+ pid=\d+[^()]*\)\s*)*"
+_NCCL_TIMESTAMP = r"(?:\[[^\[\]]{1,64}\]\s*)?"
+NCCL_OWN_LINE = re.compile(
+    rf"^{_LAUNCHER_PREFIX}{_NCCL_TIMESTAMP}(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
+    r"(?:NCCL INFO |[^\s:]+:\d+(?: \([^()]*\))? NCCL WARN )(?P<text>.*)$")
+
+
+def nccl_lines(output: str, level: str = "") -> list[str]:
+    """The lines of ``output`` that NCCL itself printed (``level`` 'WARN' or 'INFO': only those)."""
+    found = []
+    for line in output.splitlines():
+        m = NCCL_OWN_LINE.match(line)
+        if m and (not level or f" NCCL {level} " in line[:m.start("text")]):
+            found.append(line)
+    return found

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 
 import pytest
 
-from .gpu_support import torchrun
+from .gpu_support import run_job, torchrun, worker
 
 pytestmark = pytest.mark.gpu
 
 _ONE_RANK = r'''
-import json, os, sys
+import os, sys
 import torch, torch.distributed as dist
 import gpuguard
 mode = sys.argv[1]
@@ -29,26 +27,24 @@ else:
     out = {"device": str(b.device), "current": torch.cuda.current_device(), "sum": t[0].item(),
            "bound_device_id": str(getattr(group, "bound_device_id", None))}
     dist.destroy_process_group()
-print("RESULT " + json.dumps(out), flush=True)
+report_result(**out)
 '''
 
 
-def _result(out: str) -> dict:
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+def _result(job) -> dict:
+    assert 0 in job.results, f"exit {job.returncode}, no result:\n{job.output[-4000:]}"
+    return job.results[0]
 
 
 @pytest.mark.slow
 def test_bind_sets_the_real_device_and_verifies_nccl(tmp_path, real_env, smi, report):
     """One rank: bind(verify_nccl=True) forms a real communicator and all-reduces; the device is set."""
-    script = tmp_path / "one.py"
-    script.write_text(_ONE_RANK)
-    rc, out, seconds = torchrun(script, 1, real_env, 180, "bind")
-    report.record("seconds", round(seconds, 1))
-    report.record("output", out[-1500:])
-    assert rc == 0, out[-4000:]
-    got = _result(out)
+    job = torchrun(worker(tmp_path, "one.py", _ONE_RANK), 1, real_env, 180, "bind")
+    report.record("seconds", round(job.seconds, 1))
+    report.record("output", job.output[-1500:])
+    report.figure(job.seconds, "s", "the job")
+    assert job.returncode == 0, job.output[-4000:]
+    got = _result(job)
     assert got["device"] == "cuda:0" and got["current"] == 0
     assert got["uuid"] in (None, smi[0]["uuid"])
 
@@ -56,27 +52,26 @@ def test_bind_sets_the_real_device_and_verifies_nccl(tmp_path, real_env, smi, re
 @pytest.mark.slow
 def test_init_process_group_passes_device_id_and_all_reduces(tmp_path, real_env, report):
     """gpuguard.init_process_group('nccl') hands torch device_id=cuda:0; a real all-reduce works."""
-    script = tmp_path / "one.py"
-    script.write_text(_ONE_RANK)
-    rc, out, seconds = torchrun(script, 1, real_env, 180, "init")
-    report.record("seconds", round(seconds, 1))
-    assert rc == 0, out[-4000:]
-    got = _result(out)
+    job = torchrun(worker(tmp_path, "one.py", _ONE_RANK), 1, real_env, 180, "init")
+    report.record("seconds", round(job.seconds, 1))
+    report.figure(job.seconds, "s", "the job")
+    assert job.returncode == 0, job.output[-4000:]
+    got = _result(job)
     report.record("result", got)
     assert got["device"] == "cuda:0" and got["current"] == 0 and got["sum"] == 3.0
     assert got["bound_device_id"] == "cuda:0"
 
 
 _MOVED = r'''
-import json, os, sys
+import os, sys
 import torch, gpuguard
 torch.zeros(1, device="cuda")           # torch initialises CUDA with CUDA_VISIBLE_DEVICES unset: 1 GPU
 os.environ["CUDA_VISIBLE_DEVICES"] = sys.argv[1]   # too late: the driver read it already
 try:
     b = gpuguard.bind(timeout=60)
-    print("RESULT " + json.dumps({"bound": str(b.device)}))
+    report_result(bound=str(b.device))
 except gpuguard.GpuGuardError as e:
-    print("RESULT " + json.dumps({"error": type(e).__name__, "message": str(e)}))
+    report_result(error=type(e).__name__, message=str(e))
 '''
 
 
@@ -84,9 +79,9 @@ except gpuguard.GpuGuardError as e:
 def test_cuda_state_error_when_visibility_changes_after_torch_initialised(tmp_path, real_env, smi, report, later):
     """Visibility narrowed to nothing after torch initialised CUDA: CudaStateError; to the same GPU: no error."""
     value = smi[0]["uuid"] if later == "uuid" else ""
-    proc = subprocess.run([sys.executable, "-c", _MOVED, value], env=real_env, capture_output=True, text=True,
-                          timeout=180)
-    got = _result(proc.stdout + proc.stderr)
+    script = worker(tmp_path, "moved.py", _MOVED)
+    got = _result(run_job([sys.executable, str(script), value], real_env, 180))
+    got.pop("rank")
     report.record(f"CUDA_VISIBLE_DEVICES={value!r} after torch initialised", got)
     if later == "uuid":
         assert got == {"bound": "cuda:0"}

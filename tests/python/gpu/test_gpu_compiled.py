@@ -1,12 +1,16 @@
-"""torch.compile(mode="reduce-overhead") of a guarded CUDA model: replays without gpuguard, a mismatch before capture.
-
-CUDA graphs replay with no gpuguard work, a mismatch stops the compilation before any graph is captured, and the
-steady-state step costs the same with and without guard() (timed in one run, recorded, not asserted).
+"""torch.compile of a guarded CUDA model, default mode and reduce-overhead (CUDA graphs), fullgraph=True: the
+checks run when Dynamo traces and never after (graphs replay with no gpuguard work), a mismatch stops the
+compilation before any graph is captured, torch's own error for an unguarded model given CPU inputs is read by
+explain, and the steady-state step costs the same with and without guard() (timed in one run, recorded, not
+asserted).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -59,7 +63,39 @@ def test_cuda_graphs_replay_without_any_gpuguard_work(report, monkeypatch):
     assert not any("cudagraph_skips" in k and v for k, v in counters["inductor"].items()), counters["inductor"]
 
 
-def test_a_mismatch_stops_compilation_before_any_graph_is_captured(report):
+def test_default_mode_checks_when_dynamo_traces_and_never_after(report, monkeypatch):
+    """torch.compile(fullgraph=True), default mode: the guarded model's checks run while Dynamo traces, none in
+    the 50 calls after, and the compiled step computes what the eager model does."""
+    import torch
+    import gpuguard
+    from gpuguard import compile_time
+
+    torch.compiler.reset()
+    checks: list[int] = []
+    run_now = compile_time.run_now
+    monkeypatch.setattr(compile_time, "run_now", lambda ctx: (checks.append(1), run_now(ctx)))
+    model = _model()
+    gpuguard.guard(model, deep=True)
+    step = torch.compile(model, fullgraph=True)
+    x = torch.randn(64, 256, device="cuda:0")
+    with torch.no_grad():
+        expected = model(x)
+        start = time.perf_counter()
+        first = step(x)
+        torch.cuda.synchronize()
+        compile_seconds = time.perf_counter() - start
+        traced = len(checks)
+        for _ in range(50):
+            out = step(x)
+        torch.cuda.synchronize()
+    report.record("trace-time checks", traced)
+    report.figure(compile_seconds, "s", "first compiled call")
+    assert traced >= 1 and len(checks) == traced, (traced, len(checks))
+    assert torch.allclose(first, expected, atol=1e-4) and torch.allclose(out, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_mismatch_stops_compilation_before_any_graph_is_captured(report, mode):
     """A CPU input to the CUDA model: CompileTimeDeviceMismatchError, the eager report, when Dynamo traces."""
     import torch
     import gpuguard
@@ -71,7 +107,7 @@ def test_a_mismatch_stops_compilation_before_any_graph_is_captured(report):
     x = torch.randn(64, 256)
     with pytest.raises(gpuguard.DeviceMismatchError) as eager:
         model(x)
-    step = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    step = torch.compile(model, mode=mode, fullgraph=True)
     with pytest.raises(CompileTimeDeviceMismatchError) as compiled:
         step(x)
     report.record("compile-time error", str(compiled.value)[:1500])
@@ -81,6 +117,32 @@ def test_a_mismatch_stops_compilation_before_any_graph_is_captured(report):
         assert step(x.to("cuda:0")).device == torch.device("cuda:0")  # the right device compiles and runs
 
 
+_UNGUARDED = """
+import torch
+from torch import nn
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to("cuda:0")
+torch.compile(model, fullgraph=True)(torch.randn(64, 256))  # CPU inputs: dies of torch's own error
+"""
+
+
+def test_cpu_inputs_to_a_compiled_unguarded_model_torchs_error_is_explained(real_env, report):
+    """No gpuguard in the job: torch.compile's own error for CPU inputs to the CUDA model, read by explain as a
+    device mismatch between cuda:0 and the CPU."""
+    proc = subprocess.run([sys.executable, "-c", _UNGUARDED], env=real_env, capture_output=True, text=True,
+                          timeout=300)
+    report.record("torch's error (last lines)", proc.stderr[-1500:])
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    explained = subprocess.run([sys.executable, "-m", "gpuguard", "explain", "--json", "-"], input=proc.stderr,
+                               env=real_env, capture_output=True, text=True, timeout=120)
+    report.record("gpuguard explain --json", explained.stdout[-2000:])
+    assert explained.returncode == 0, explained.stderr
+    found = [d for d in json.loads(explained.stdout)["diagnoses"] if d["kind"] == "device_mismatch"]
+    assert found, f"explain did not read torch's error:\n{proc.stderr[-3000:]}\n--- explain:\n{explained.stdout}"
+    said = " ".join([found[0]["summary"], found[0]["cause"], *found[0]["devices"]])
+    assert "cuda:0" in said and "cpu" in said, found[0]
+
+
+@pytest.mark.gpu_alone
 def test_steady_state_step_cost_compiled_with_and_without_guard(report):
     """Not asserted: the reduce-overhead step's time unguarded, with guard() and with guard(deep=True), in one run.
 
@@ -114,4 +176,5 @@ def test_steady_state_step_cost_compiled_with_and_without_guard(report):
     base_time = median["unguarded"]
     report.record("us per step (median of rounds)", {k: round(v * 1e6, 2) for k, v in median.items()})
     report.record("ratio to unguarded", {k: round(v / base_time, 4) for k, v in median.items()})
+    report.figure(median["guard_deep"] / base_time, "x", "guard(deep=True) / unguarded step")
     assert base_time > 0

@@ -39,6 +39,7 @@ print("RESULT " + json.dumps({
 """
 
 
+@pytest.mark.gpu_alone  # the GPU's used memory before and after: another test's memory would count
 def test_a_stray_context_costs_what_nvml_says_and_the_checks_make_none(real_env, report):
     proc = subprocess.run([sys.executable, "-c", _MEASURE, _STRAY], env=real_env, capture_output=True, text=True,
                           timeout=300)
@@ -52,6 +53,7 @@ def test_a_stray_context_costs_what_nvml_says_and_the_checks_make_none(real_env,
         report.record("context MiB (torch.zeros on cuda:0, NVML usedGpuMemory)", got["context_bytes"] / (1 << 20))
     assert got["used_delta"] > 0
     report.record("used MiB added on the GPU", got["used_delta"] / (1 << 20))
+    report.figure(got["used_delta"] / (1 << 20), "MiB", "used on the GPU by one stray context")
     # gpuguard asked the driver and NVML about GPU 0 and made no context of its own
     assert got["active_here"] == []
 

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
 
 import pytest
 
-from .gpu_support import normalise_bus_id, torchrun
+from .gpu_support import nccl_lines, normalise_bus_id, torchrun, worker
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-# One script, three ways: NCCL alone, bind() before NCCL, bind(verify_nccl=True). Each rank prints one JSON line.
+# One script, three ways: NCCL alone, bind() before NCCL, bind(verify_nccl=True). Each rank writes its result.
 _WORKER = r'''
-import json, os, sys, time
+import os, sys, time
 import torch, torch.distributed as dist
-mode, rank = sys.argv[1], int(os.environ["RANK"])
-def say(**kw):
-    print("RESULT " + json.dumps({"rank": rank, **kw}), flush=True)
+mode = sys.argv[1]
+say = report_result
 if mode == "nccl_alone":
     torch.cuda.set_device(0)  # what a script that ignores LOCAL_RANK on a 1-GPU host does
     dist.init_process_group("nccl")
@@ -45,37 +42,24 @@ else:
 '''
 
 
-def results(output: str) -> dict[int, dict]:
-    found = {}
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
-            found[r["rank"]] = r
-    return found
-
-
-def nccl_lines(output: str) -> list[str]:
-    return [line for line in output.splitlines()
-            if re.search(r"Duplicate GPU|same GPU|Multiple Ranks|NCCL (?:error|WARN)|ncclInvalidUsage", line)]
-
-
 @pytest.fixture
-def worker(tmp_path):
-    path = tmp_path / "worker.py"
-    path.write_text(_WORKER)
-    return path
+def script(tmp_path):
+    return worker(tmp_path, "worker.py", _WORKER)
 
 
-def test_nccl_own_duplicate_text_is_decoded_by_explain(worker, real_env, smi, report):
+def test_nccl_own_duplicate_text_is_decoded_by_explain(script, real_env, smi, report):
     """Two ranks on one GPU without gpuguard: record NCCL's words; explain names both ranks and this GPU."""
-    rc, out, seconds = torchrun(worker, 2, dict(real_env, NCCL_DEBUG="WARN"), 240, "nccl_alone")
-    lines = nccl_lines(out)
-    report.record("exit", rc)
-    report.record("seconds", round(seconds, 1))
+    job = torchrun(script, 2, dict(real_env, NCCL_DEBUG="WARN"), 240, "nccl_alone")
+    out = job.output
+    lines = nccl_lines(out, "WARN")
+    report.record("exit", job.returncode)
+    report.record("seconds", round(job.seconds, 1))
     report.record("NCCL text", lines[:12])
-    report.record("rank results", results(out))
-    assert rc not in (0, None), f"NCCL did not refuse two ranks on one GPU (exit {rc}):\n{out[-4000:]}"
-    assert lines, out[-4000:]
+    report.record("rank results", job.results)
+    report.figure(job.seconds, "s", "NCCL refused")
+    assert job.returncode not in (0, None), \
+        f"NCCL did not refuse two ranks on one GPU (exit {job.returncode}):\n{out[-4000:]}"
+    assert lines, f"NCCL printed no WARN line of its own:\n{out[-4000:]}"
     proc = subprocess.run([sys.executable, "-m", "gpuguard", "explain", "-"], input=out, env=real_env,
                           capture_output=True, text=True, timeout=120)
     report.record("gpuguard explain", proc.stdout[-3000:])
@@ -86,12 +70,14 @@ def test_nccl_own_duplicate_text_is_decoded_by_explain(worker, real_env, smi, re
     assert f"GPU 0 here ({smi[0]['uuid']})" in proc.stdout or f"GPU 0 on this host ({smi[0]['uuid']})" in proc.stdout
 
 
-def test_bind_stops_both_ranks_before_nccl(worker, real_env, smi, report):
+def test_bind_stops_both_ranks_before_nccl(script, real_env, smi, report):
     """Two ranks on a 1-GPU host with bind(): both raise DuplicateDeviceError, NCCL never runs."""
-    rc, out, seconds = torchrun(worker, 2, real_env, 240, "bind")
-    got = results(out)
+    # NCCL_DEBUG=WARN: had NCCL been reached and refused the GPU, it would say so in a line of its own
+    job = torchrun(script, 2, dict(real_env, NCCL_DEBUG="WARN"), 240, "bind")
+    got, out = job.results, job.output
     report.record("rank results", got)
-    report.record("seconds", round(seconds, 1))
+    report.record("seconds", round(job.seconds, 1))
+    report.figure(max((r.get("seconds", 0) for r in got.values()), default=0), "s", "bind() to the error")
     assert sorted(got) == [0, 1], out[-4000:]
     assert {r["error"] for r in got.values()} == {"DuplicateDeviceError"}, got
     message = got[0]["message"]
@@ -101,16 +87,17 @@ def test_bind_stops_both_ranks_before_nccl(worker, real_env, smi, report):
     assert not nccl_lines(out), out[-4000:]
 
 
-def test_multi_rank_gpu_enable_does_not_silence_gpuguard(worker, real_env, report):
+def test_multi_rank_gpu_enable_does_not_silence_gpuguard(script, real_env, report):
     """NCCL_MULTI_RANK_GPU_ENABLE=1: record what NCCL does alone, and check bind(verify_nccl=True) still refuses."""
     env = dict(real_env, NCCL_MULTI_RANK_GPU_ENABLE="1", NCCL_DEBUG="WARN")
-    rc_alone, out_alone, seconds_alone = torchrun(worker, 2, env, 240, "nccl_alone")
-    report.record("NCCL alone: exit", rc_alone if rc_alone is not None else "hung (killed after 240 s)")
-    report.record("NCCL alone: rank results", results(out_alone))
-    report.record("NCCL alone: NCCL text", nccl_lines(out_alone)[:12])
-    report.record("NCCL alone: seconds", round(seconds_alone, 1))
-    rc, out, seconds = torchrun(worker, 2, env, 240, "verify_nccl")
-    got = results(out)
+    alone = torchrun(script, 2, env, 240, "nccl_alone")
+    report.record("NCCL alone: exit", alone.returncode if alone.returncode is not None else "hung (killed after 240 s)")
+    report.record("NCCL alone: rank results", alone.results)
+    report.record("NCCL alone: NCCL text", nccl_lines(alone.output)[:12])
+    report.record("NCCL alone: seconds", round(alone.seconds, 1))
+    job = torchrun(script, 2, env, 240, "verify_nccl")
+    got = job.results
     report.record("bind(verify_nccl=True): rank results", got)
-    assert sorted(got) == [0, 1], out[-4000:]
+    report.figure(job.seconds, "s", "bind(verify_nccl=True) job")
+    assert sorted(got) == [0, 1], job.output[-4000:]
     assert {r["error"] for r in got.values()} == {"DuplicateDeviceError"}, got

@@ -49,6 +49,7 @@ def test_model_on_gpu_inputs_on_cpu(real_env, report):
     assert gpuguard.assert_same_device(model, x.to("cuda:0")) == torch.device("cuda:0")
 
 
+@pytest.mark.gpu_alone
 def test_guard_overhead_per_forward_on_the_gpu(report):
     """Not asserted: the cost of a guarded forward on a small model, as a ratio to the unguarded step."""
     import torch
@@ -80,4 +81,5 @@ def test_guard_overhead_per_forward_on_the_gpu(report):
         timings[f"guard(deep={deep}) us/forward"] = round(t * 1e6, 2)
         timings[f"guard(deep={deep}) ratio"] = round(t / bare, 3)
     report.record("overhead", timings)
+    report.figure(timings["guard(deep=True) ratio"], "x", "guard(deep=True) / bare forward")
     assert bare > 0

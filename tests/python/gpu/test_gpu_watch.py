@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+from .gpu_support import torchrun, worker
 
-# One rank of NCCL on the GPU (torchrun, one process). Each mode prints RESULT lines.
+# gpu_alone: each measures a time (or holds the GPU for 20 s) that another test on the GPU would disturb
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.gpu_alone]
+
+# One rank of NCCL on the GPU (torchrun, one process). Each mode reports its result (gpu_support.REPORT_RESULT).
 _WORKER = r'''
 import json, os, sys, time
 import torch, torch.distributed as dist
@@ -19,8 +20,7 @@ import gpuguard
 mode = sys.argv[1]
 torch.cuda.set_device(0)
 dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
-def say(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
+say = report_result
 if mode == "held_back":
     w = gpuguard.watch(stall_after=3, report_dir=os.environ["WATCH_DIR"], gather=3)
     t = torch.ones(4, device="cuda")
@@ -62,29 +62,39 @@ dist.destroy_process_group()
 
 
 def run(mode: str, env: dict, tmp_path, timeout: float = 240) -> tuple[dict, str]:
-    script = tmp_path / "watch_gpu_worker.py"
-    script.write_text(_WORKER)
-    env = dict(env, WATCH_DIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                           str(script), mode], env=env, capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
-    found = [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
-    assert found, output[-4000:]
-    return found[-1], output
+    script = worker(tmp_path, "watch_gpu_worker.py", _WORKER)
+    job = torchrun(script, 1, dict(env, WATCH_DIR=str(tmp_path)), timeout, mode)
+    assert 0 in job.results, f"exit {job.returncode}, no result:\n{job.output[-4000:]}"
+    return job.results[0], job.output
+
+
+def worker_line(marker: str) -> int:
+    """The line of the written worker script (REPORT_RESULT, then _WORKER) holding ``marker``."""
+    from .gpu_support import REPORT_RESULT
+    return next(n for n, line in enumerate((REPORT_RESULT + _WORKER).splitlines(), 1) if marker in line)
 
 
 def test_a_collective_held_back_on_the_gpu_is_named_not_completed_with_the_item_line(real_env, tmp_path, report):
-    """A collective held back behind a long kernel while the CPU waits in .item(): named not completed."""
+    """A collective held back behind a long kernel while the CPU waits in .item(): the report names the
+    all-reduce, says no rank completed it, and points at the .item() line, in its JSON and in what it prints."""
     result, output = run("held_back", real_env, tmp_path)
     report.record("source", result["source"])
     report.record("report", (result["report"] or "")[:1500])
     assert result["reports"] == 1, output[-4000:]
+    report.figure(result["item_done_at"] - result["returned_at"], "s", "the CPU waited in .item()")
     stall = json.loads(result["report"])["gpuguard_stall"]
     assert stall["kind"] == "no_progress" and stall["op"] == "ALL_REDUCE", stall
     assert "flight recorder (nccl)" in stall["source"], stall["source"]
-    assert re.search(r"watch_gpu_worker\.py:\d+ in <module>", stall["cpu_at"]["0"]), stall["cpu_at"]
-    item_line = next(n for n, line in enumerate(_WORKER.splitlines(), 1) if "# the CPU waits here" in line)
-    assert stall["cpu_at"]["0"].endswith(f"watch_gpu_worker.py:{item_line} in <module>"), stall["cpu_at"]
+    item_at = stall["cpu_at"]["0"]
+    assert item_at.endswith(f"watch_gpu_worker.py:{worker_line('# the CPU waits here')} in <module>"), item_at
+    # what the user reads: the same words on stderr, after the rank's prefix
+    printed = [line for line in output.splitlines() if line.startswith("[rank 0] gpuguard: collective stall: ")]
+    assert len(printed) == 1, output[-4000:]
+    named = re.compile(r"every rank entered ALL_REDUCE #\d+ on group '[^']+' \(ranks 0\) and none completed it in ")
+    assert named.search(printed[0]) and named.search(stall["message"]), printed[0]
+    # the message's next line (printed as it is, no prefix): where it was issued, where the CPU waits
+    assert re.search(r"\n  rank 0 issued it at \S*watch_gpu_worker\.py:\d+; their CPU waits now: rank 0 at "
+                     + re.escape(item_at) + r"\.\n", output), output[-4000:]
 
 
 def test_a_healthy_ddp_loop_never_reports(real_env, tmp_path, report):
@@ -92,6 +102,7 @@ def test_a_healthy_ddp_loop_never_reports(real_env, tmp_path, report):
     result, output = run("healthy", real_env, tmp_path)
     report.record("per_step_ms", result["per_step_ms"])
     report.record("source", result["source"])
+    report.figure(result["per_step_ms"], "ms/step", "under watch()")
     assert result["reports"] == 0, output[-4000:]
     assert "collective stall" not in output
 
