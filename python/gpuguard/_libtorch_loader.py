@@ -1,11 +1,13 @@
-"""Loads gpuguard._libtorch, the tensor checks' compiled module, after torch; a torch it was not built for is one clear
-error at first use of a tensor check, never at ``import gpuguard``.
+"""Loads gpuguard._libtorch, the tensor checks' compiled module, after torch; with a torch it was not built for (or
+without it), the tensor checks run in Python instead, after one warning, and never stop a job.
 
 _libtorch links LibTorch, so it is bound to the torch it was compiled against: pip upgrades torch freely, and
 after that the module's symbols no longer match. Everything else gpuguard does (bind(), the zero-code checks,
-watch(), the command line, explain) lives in the torch-free gpuguard._core and keeps working; only
-assert_same_device, @same_device, guard() and find_device_mismatch raise the error below, each time they are
-called, and ``gpuguard doctor`` reports it as a finding.
+watch(), the command line, explain) lives in the torch-free gpuguard._core and keeps working. The tensor checks
+(assert_same_device, @same_device, guard() and find_device_mismatch) take their implementation from
+tensor_checks(): the compiled module when it loads, else gpuguard._python_checks, which computes and words the
+same reports; the first fallback warns once, naming the rebuild command, and ``gpuguard doctor`` says which
+path runs. Only the flight recorder reader (watch()) has no Python twin: libtorch() raises for it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import re
+import warnings
 from types import ModuleType
 from typing import Optional
 
@@ -41,6 +44,7 @@ TORCH_VERSION_BUILT_FOR: Optional[str] = _built_for()
 
 _module: Optional[ModuleType] = None
 _failure: Optional[str] = None
+_checks: Optional[ModuleType] = None  # what tensor_checks() answers, once decided
 
 
 def built_for_another_torch(installed: str) -> bool:
@@ -56,21 +60,21 @@ def _load() -> ModuleType:
     built_for = TORCH_VERSION_BUILT_FOR
     if built_for_another_torch(installed):
         raise ImportError(
-            f"gpuguard was built for PyTorch {built_for}, but PyTorch {installed} is installed, so its tensor checks "
-            f"(assert_same_device, same_device, guard, find_device_mismatch) cannot load; everything else works. "
-            f"Rebuild it against this torch: {REINSTALL} (or, in a source checkout, pip install --no-build-isolation .)"
+            f"gpuguard was built for PyTorch {built_for}, but PyTorch {installed} is installed, so gpuguard._libtorch "
+            f"(its compiled tensor checks) cannot load. Rebuild it against this torch: {REINSTALL} (or, in a source "
+            f"checkout, pip install --no-build-isolation .)"
         )
     try:
         return importlib.import_module("._libtorch", __package__)
     except ImportError as exc:
-        if built_for is None:
+        if built_for is None or isinstance(exc, ModuleNotFoundError):  # not built, or removed from the package
             raise ImportError(
-                f"gpuguard's tensor checks (gpuguard._libtorch) are missing or unloadable: {exc}. "
-                f"Build them with: pip install --no-build-isolation ."
+                f"gpuguard._libtorch (its compiled tensor checks) is missing or unloadable: {exc}. Build it with: "
+                f"{REINSTALL} (or, in a source checkout, pip install --no-build-isolation .)"
             ) from exc
         raise ImportError(
-            f"gpuguard's tensor checks failed to load ({exc}). They were built for PyTorch {built_for}; "
-            f"PyTorch {installed} is installed. Rebuild: {REINSTALL}"
+            f"gpuguard._libtorch (its compiled tensor checks) failed to load ({exc}). It was built for PyTorch "
+            f"{built_for}; PyTorch {installed} is installed. Rebuild: {REINSTALL}"
         ) from exc
 
 
@@ -87,3 +91,29 @@ def libtorch() -> ModuleType:
         except ImportError as exc:
             _failure = str(exc)
     raise ImportError(_failure)
+
+
+def tensor_checks() -> ModuleType:
+    """The tensor checks' implementation: gpuguard._libtorch when it loads, else gpuguard._python_checks (the same
+    functions, reports and errors, in Python), after one GpuGuardWarning per process that says why and how to
+    rebuild. Decided on the first call."""
+    global _checks
+    if _checks is not None:
+        return _checks
+    try:
+        _checks = libtorch()
+    except ImportError as exc:
+        from . import _python_checks
+        from .errors import GpuGuardWarning
+
+        _checks = _python_checks
+        warnings.warn(GpuGuardWarning(fallback_warning(str(exc))), stacklevel=3)
+    return _checks
+
+
+def fallback_warning(reason: str) -> str:
+    """The one warning printed when the tensor checks run in Python: why, what it costs, and the rebuild command."""
+    return (f"gpuguard: {reason}\n"
+            f"Until then, assert_same_device, same_device, guard and find_device_mismatch run in Python: the same "
+            f"checks and reports, but slower (about a millisecond a call on a model of a thousand tensors).")
+

@@ -1,7 +1,7 @@
 """The tensor checks' trace-time half: run by Dynamo (comptime) while torch.compile traces, on its fake tensors.
 
 traced_checks.run() hands over the call's tensors by name; run_now() reads them as the fake tensors Dynamo traces
-with, runs the eager C++ check on them and on the module's own tensors, and turns a DeviceMismatchError into
+with, runs the eager check (C++, or its Python twin) on them and on the module's own tensors, and turns a DeviceMismatchError into
 CompileTimeDeviceMismatchError, the form Dynamo passes to the user unchanged. Imported only while Dynamo traces
 (it imports torch._dynamo).
 """
@@ -15,7 +15,7 @@ import torch
 from torch._dynamo.comptime import ComptimeContext, ComptimeVar
 from torch._dynamo.exc import TorchRuntimeError
 
-from ._libtorch_loader import libtorch
+from ._libtorch_loader import tensor_checks
 from .errors import DeviceMismatchError
 
 __all__ = ["CompileTimeDeviceMismatchError", "run_now"]
@@ -65,7 +65,7 @@ def run_now(ctx: ComptimeContext) -> None:
     if expected is not None:
         fn = functools.partial(fn, expected=expected)
     try:
-        libtorch().run_traced(fn, module, (), inputs)
+        tensor_checks().run_traced(fn, module, (), inputs)
     except DeviceMismatchError as error:
         _raise_at_trace_time(error)
 

@@ -275,25 +275,32 @@ def _gpu_processes(report: DoctorReport) -> None:
 
 
 def _tensor_checks(report: DoctorReport) -> None:
-    """Whether gpuguard._libtorch (the tensor checks) matches the installed torch, judged from the files alone."""
+    """Which implementation the tensor checks run (the compiled gpuguard._libtorch, or its Python twin when that
+    cannot load) and why, judged from the files alone, as _libtorch_loader will decide."""
     from ._libtorch_loader import REINSTALL, TORCH_VERSION_BUILT_FOR, built_for_another_torch
     from .installed_torch import installed_torch
 
     torch = installed_torch()
     if torch is None:
+        report.versions["tensor checks"] = "none (torch is not installed)"
         report.not_checked("tensor checks", "torch is not installed")
         return
+    slower = ("assert_same_device, same_device, guard and find_device_mismatch run in Python instead: the same checks "
+              "and reports, slower.")
     if TORCH_VERSION_BUILT_FOR is None or importlib.util.find_spec(f"{__package__}._libtorch") is None:
-        report.find("warning", "tensor_checks_missing", "gpuguard was built without its tensor checks "
-                    "(gpuguard._libtorch): assert_same_device, same_device, guard and find_device_mismatch raise "
-                    "ImportError; everything else works.", "Rebuild gpuguard with torch installed: " + REINSTALL)
+        report.versions["tensor checks"] = "Python (gpuguard._libtorch is missing)"
+        report.find("warning", "tensor_checks_missing", "gpuguard was built without its compiled tensor checks "
+                    "(gpuguard._libtorch): " + slower, "Rebuild gpuguard with torch installed: " + REINSTALL)
         return
     if built_for_another_torch(torch.version):
+        report.versions["tensor checks"] = (f"Python (gpuguard._libtorch was built for PyTorch "
+                                            f"{TORCH_VERSION_BUILT_FOR}, not {torch.version})")
         report.find("warning", "torch_build_mismatch", f"gpuguard's tensor checks were built for PyTorch "
-                    f"{TORCH_VERSION_BUILT_FOR}, but PyTorch {torch.version} is installed: assert_same_device, "
-                    "same_device, guard and find_device_mismatch raise ImportError when called. bind(), the "
-                    "zero-code checks, watch() and the command line work as they are.",
+                    f"{TORCH_VERSION_BUILT_FOR}, but PyTorch {torch.version} is installed: " + slower + " bind(), "
+                    "the zero-code checks, watch() and the command line work as they are.",
                     "Rebuild gpuguard against this torch: " + REINSTALL)
+        return
+    report.versions["tensor checks"] = "C++ (gpuguard._libtorch)"
 
 
 def _torch_vs_driver(report: DoctorReport) -> None:

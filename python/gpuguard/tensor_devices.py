@@ -3,7 +3,8 @@
 The checks run in C++ (gpuguard._libtorch, loaded on first use by _libtorch_loader): it reads the module's
 parameter, buffer and submodule dicts and each tensor's device on every call, so the answer always describes the
 model as it is now. Names are only gathered once a check has failed, for the report carried by
-DeviceMismatchError.
+DeviceMismatchError. Where _libtorch cannot load (built for another torch, or missing), tensor_checks() gives
+gpuguard._python_checks instead: the same checks and reports in Python, slower.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from . import traced_checks
-from ._libtorch_loader import libtorch
+from ._libtorch_loader import tensor_checks
 from .errors import DeviceMismatchError
 
 # True only in code torch.compile's Dynamo traces, where it sends the checks to traced_checks (run at trace time on
@@ -66,7 +67,7 @@ def assert_same_device(model_or_tensor: Any, *tensors: Any,
             return traced_checks.common_device(model_or_tensor, found, device)
         found = traced_checks.run(_check_inputs, None, (model_or_tensor, *tensors), None, _call_arg_names, device)
         return traced_checks.common_device(None, found, device)
-    checks = libtorch()
+    checks = tensor_checks()
     if checks.checks_disabled():
         return None
     device = _as_device(expected)
@@ -84,7 +85,7 @@ def find_device_mismatch(model_or_tensor: Any, *tensors: Any,
     same device" error after it happened. Runs even with ``GPUGUARD_DISABLE=1`` (it is asked for explicitly).
     Bad arguments still raise (TypeError, ValueError).
     """
-    checks = libtorch()
+    checks = tensor_checks()
     device = _as_device(expected)
     try:
         if isinstance(model_or_tensor, nn.Module):
@@ -137,7 +138,7 @@ def same_device(fn: F) -> F:
             traced_checks.run(_check_inputs, module, args[1:] if module is not None else args, kwargs, arg_names,
                               None)
             return fn(*args, **kwargs)
-        checks = libtorch()
+        checks = tensor_checks()
         if not checks.checks_disabled():
             if args and isinstance(args[0], nn.Module):
                 checks.check_call(args[0], args[1:], kwargs, None, lambda n: labels(n, True))
@@ -151,7 +152,7 @@ def same_device(fn: F) -> F:
 def _check_inputs(module: Optional[nn.Module], args: tuple[Any, ...], kwargs: Optional[dict[str, Any]],
                   expected: Optional[torch.device] = None) -> None:
     """assert_same_device's and @same_device's check with every input already named (traced_checks.run)."""
-    checks = libtorch()
+    checks = tensor_checks()
     if not checks.checks_disabled():
         checks.check_call(module, args, kwargs, expected, None)
 
@@ -182,8 +183,9 @@ def _forward_arg_names(module: nn.Module, n: int) -> list[str]:
 
 
 def _traceable(check: Callable[..., None]) -> Callable[..., None]:
-    """The C++ pre-hook ``check`` as the hook guard() registers: eagerly ``check`` itself (one Python call more);
-    while torch.compile traces, the same check at trace time (traced_checks), which Dynamo can follow."""
+    """The pre-hook ``check`` (C++, or the Python implementation's) as the hook guard() registers: eagerly ``check``
+    itself (one Python call more); while torch.compile traces, the same check at trace time (traced_checks), which
+    Dynamo can follow."""
 
     def hook(module: nn.Module, args: Any, kwargs: Any = None) -> None:
         if _dynamo_tracing():
@@ -264,7 +266,7 @@ class _DeepGuard:
     """
 
     def __init__(self, root: nn.Module) -> None:
-        self._state = libtorch().DeepGuard(root)
+        self._state = tensor_checks().DeepGuard(root)
         self._leave_traced = _Leave(self._state)
         self._root_check: Optional[Callable[..., None]] = None
         self._layers: dict[str, tuple[Any, Any]] = {}  # name -> (weak reference to the module, hook handle)
@@ -337,7 +339,7 @@ def guard(module: nn.Module, *, deep: bool = False) -> GuardHandle:
     if not isinstance(module, nn.Module):
         raise TypeError(f"gpuguard.guard expects an nn.Module, not {type(module).__name__}")
     module = _inside_compiled(module)
-    checks = libtorch()
+    checks = tensor_checks()
     handle = GuardHandle(module, deep)
     if not deep:
         handle._handles.append(module.register_forward_pre_hook(_traceable(checks.forward_hook()), with_kwargs=True))

@@ -108,3 +108,21 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 120,
             stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpuguard", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, input=stdin)
+
+
+# Prepended to a script run in a fresh interpreter: its tensor checks run in Python (gpuguard._python_checks), as
+# where gpuguard._libtorch cannot load, without the warning that says so.
+USE_PYTHON_CHECKS = ("import gpuguard._libtorch_loader as _loader, gpuguard._python_checks as _python_checks\n"
+                     "_loader._checks = _python_checks\n")
+
+
+@pytest.fixture(params=["C++", "Python"])
+def tensor_checks_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test against each implementation of the tensor checks: the compiled gpuguard._libtorch, and
+    gpuguard._python_checks, which runs where _libtorch cannot load and must word every report alike. Checks made
+    inside the test (guard()'s hooks included) take the implementation chosen here."""
+    from gpuguard import _libtorch_loader, _python_checks
+
+    implementation = _libtorch_loader.libtorch() if request.param == "C++" else _python_checks
+    monkeypatch.setattr(_libtorch_loader, "_checks", implementation)
+    return str(request.param)

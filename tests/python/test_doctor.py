@@ -51,6 +51,7 @@ def test_doctor_reads_torch_from_its_files_as_torch_itself_says_without_importin
     assert versions["torch"] == torch.__version__
     assert versions["torch CUDA build"] == (torch.version.cuda or "none (CPU-only build of torch)")
     assert "torch_build_mismatch" not in codes(json.loads(proc.stdout))  # this checkout's build, this torch
+    assert versions["tensor checks"] == "C++ (gpuguard._libtorch)"
 
 
 # ---- the report -----------------------------------------------------------------------------------------------

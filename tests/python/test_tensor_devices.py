@@ -1,5 +1,7 @@
 """assert_same_device, @same_device and guard(): the check, the report's wording, and that the answer is
-never stale after the model changes. `cpu` and `meta` are two real, different devices without a GPU."""
+never stale after the model changes. `cpu` and `meta` are two real, different devices without a GPU. Every test
+runs against both implementations of the checks (tensor_checks_impl: C++, and the Python one used where
+gpuguard._libtorch cannot load)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import collections
 import dataclasses
 import gc
 import re
+import textwrap
 import warnings
 import weakref
 
@@ -15,12 +18,12 @@ import torch
 from torch import nn
 
 import gpuguard
-from conftest import no_driver_env, run_json
-
-pytestmark = pytest.mark.follows_torch
+from conftest import USE_PYTHON_CHECKS, no_driver_env, run_json
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
+
+pytestmark = [pytest.mark.follows_torch, pytest.mark.usefixtures("tensor_checks_impl")]
 
 
 class Stack(nn.Module):
@@ -55,6 +58,11 @@ class Split(nn.Module):
         if not self.misplace_third:
             x = x.to("meta")  # the deliberate hand-over to the second device
         return self.layers[3](self.layers[2](x))
+
+
+def in_python_if(implementation: str, script: str) -> str:
+    """``script`` for a fresh interpreter, whose tensor checks run in ``implementation``."""
+    return (USE_PYTHON_CHECKS if implementation == "Python" else "") + textwrap.dedent(script)
 
 
 def mismatch(fn, *args, **kwargs) -> gpuguard.DeviceMismatchError:
@@ -465,7 +473,9 @@ def test_guard_rejects_what_is_not_a_module():
 
 
 def test_names_compress_into_subtrees_and_ranges():
-    from gpuguard._libtorch import compress_names
+    from gpuguard._libtorch_loader import tensor_checks
+
+    compress_names = tensor_checks().compress_names
 
     names = [f"layers.{i}.{p}" for i in range(16) for p in ("weight", "bias")]
     assert compress_names(names, names + ["head.weight"]) == ["layers.*"]
@@ -478,8 +488,8 @@ def test_names_compress_into_subtrees_and_ranges():
 
 
 @pytest.mark.slow
-def test_dtensor_and_fsdp_flat_parameters_do_not_crash():
-    got = run_json("""
+def test_dtensor_and_fsdp_flat_parameters_do_not_crash(tensor_checks_impl):
+    got = run_json(in_python_if(tensor_checks_impl, """
         import json, os, torch, torch.distributed as dist
         from torch import nn
         import gpuguard
@@ -500,7 +510,7 @@ def test_dtensor_and_fsdp_flat_parameters_do_not_crash():
             out["names"] = e.groups[0]["parameters"]
         dist.destroy_process_group()
         print(json.dumps(out))
-    """, no_driver_env())
+    """), no_driver_env())
     assert got == {"dtensor": "cpu", "flat": "cpu", "names": ["weight", "bias"]}
 
 
@@ -552,10 +562,10 @@ print(json.dumps(out))
 """
 
 
-def test_nesting_deeper_than_the_stack_allows_raises_instead_of_crashing():
+def test_nesting_deeper_than_the_stack_allows_raises_instead_of_crashing(tensor_checks_impl):
     """Before: a list or dict nested 75,000 deep, or a module tree 48,700 deep, ended the process with SIGSEGV
     (the C++ walk recursed once per level). Run in a fresh interpreter, so that a crash fails the test."""
-    got = run_json(DEEP_INPUTS, no_driver_env(), timeout=300)
+    got = run_json(in_python_if(tensor_checks_impl, DEEP_INPUTS), no_driver_env(), timeout=300)
     for case in ("list", "dict"):
         assert got[case].startswith("gpuguard stopped checking devices at 1000 levels of nesting: an argument "
                                     "(lists, tuples, dicts or dataclasses inside each other) nests deeper than "

@@ -1,7 +1,8 @@
 """The advice of assert_same_device and guard(deep=True) is right when followed, for models on one GPU and
 models placed across GPUs. FakeTensorMode gives tensors real cuda:N devices without a GPU (PyTorch checks
 their devices as it would on GPUs and raises its own "Expected all tensors ..."), so each test applies the
-fix the message gives and runs the model again."""
+fix the message gives and runs the model again. Every test runs against both implementations of the checks
+(tensor_checks_impl: C++, and the Python one used where gpuguard._libtorch cannot load)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gpuguard
 
-pytestmark = pytest.mark.follows_torch
+pytestmark = [pytest.mark.follows_torch, pytest.mark.usefixtures("tensor_checks_impl")]
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """guard(), guard(deep=True) and @same_device under torch.compile: fullgraph works, the compiled graph is the
 unguarded model's (no gpuguard code runs in a compiled step), and a mismatch raises the eager report when Dynamo
 traces. `cpu` and `meta` are two real devices without a GPU; compile with backend="eager" unless Inductor itself
-is under test."""
+is under test. Tests taking tensor_checks_impl run against both implementations of the checks (C++, and the
+Python one used where gpuguard._libtorch cannot load)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ GUARDS = {
 
 @pytest.mark.parametrize("how", ["torch.compile", "module.compile"])
 @pytest.mark.parametrize("kind", list(GUARDS))
-def test_a_guarded_model_compiles_with_fullgraph_into_the_unguarded_models_graph(kind, how):
+def test_a_guarded_model_compiles_with_fullgraph_into_the_unguarded_models_graph(kind, how, tensor_checks_impl):
     torch.manual_seed(0)
     model = Net()
     x, mask = torch.randn(3, 4), torch.ones(3, 2)
@@ -182,7 +183,7 @@ def test_a_guard_added_after_the_first_compiled_call_is_checked_once_dynamo_comp
 # ---- a mismatch raises the eager report when Dynamo traces ------------------------------------------------
 
 @pytest.mark.parametrize("kind", list(GUARDS))
-def test_a_meta_input_raises_the_eager_report_when_dynamo_traces_and_compiles_nothing(kind):
+def test_a_meta_input_raises_the_eager_report_when_dynamo_traces_and_compiles_nothing(kind, tensor_checks_impl):
     model = Net()
     GUARDS[kind](model)
     meta = torch.zeros(3, 4, device="meta")
@@ -197,7 +198,7 @@ def test_a_meta_input_raises_the_eager_report_when_dynamo_traces_and_compiles_no
     assert "from user code:" in str(at_compile)  # Dynamo says where, after the report
 
 
-def test_same_device_raises_the_eager_report_when_dynamo_traces():
+def test_same_device_raises_the_eager_report_when_dynamo_traces(tensor_checks_impl):
     class Decorated(Net):
         @gpuguard.same_device
         def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -251,7 +252,7 @@ def test_nested_inputs_are_named_as_in_eager_mode():
 
 
 @pytest.mark.parametrize("case", ["split_on_purpose", "third_layer_misplaced", "activation_moved"])
-def test_deep_guard_gives_each_layer_the_same_verdict_compiled_as_eager(case):
+def test_deep_guard_gives_each_layer_the_same_verdict_compiled_as_eager(case, tensor_checks_impl):
     """A model split across cpu and meta on purpose passes; a misplaced layer, or an activation moved to
     another device than the next layer's, is named with the eager cause and fix."""
 
@@ -283,7 +284,7 @@ def test_deep_guard_gives_each_layer_the_same_verdict_compiled_as_eager(case):
     assert at_compile.layer == "layers.2"
 
 
-def test_assert_same_device_in_compiled_code_checks_at_trace_time_and_returns_the_common_device():
+def test_assert_same_device_in_compiled_code_checks_at_trace_time_and_returns_the_common_device(tensor_checks_impl):
     model = Net()
 
     def step(x: torch.Tensor, mask: torch.Tensor) -> Any:

@@ -1,16 +1,18 @@
-"""A gpuguard whose tensor checks were built for another torch (pip upgraded torch after gpuguard was installed):
-bind(), the zero-code checks, watch(), the command line and explain keep working; the tensor checks raise one clear
-error each time they are used, and doctor reports it as a finding.
+"""A gpuguard whose tensor checks were built for another torch (pip upgraded torch after gpuguard was installed), or
+whose package lacks them: bind(), the zero-code checks, watch(), the command line and explain keep working; the
+tensor checks run in Python, with the same answers and reports as the compiled ones, after one warning that says why
+and how to rebuild; doctor says which path runs.
 
-Two packages stand for "built against one torch, imported under another":
+Three packages stand for "built against one torch, imported under another" and "installed without _libtorch":
 - real: gpuguard really built (pip install --no-build-isolation --target) by another interpreter of this Python
   version whose torch differs, GPUGUARD_TEST_OTHER_TORCH_PYTHON (CI: the middle corner runs this file with the
   oldest corner's Python, torch 2.6, whose wheels use the old C++ ABI, so its _libtorch cannot load here at all);
   skipped, saying so, where none is given;
 - simulated (everywhere): a copy of this build whose build record names PyTorch 2.4.1 and whose gpuguard._libtorch
-  is a file no loader can open.
-The loader must refuse either from the build record, without trying to load the module; everything else runs from
-the package's own gpuguard._core.
+  is a file no loader can open;
+- without_libtorch (everywhere): a copy of this build with its _libtorch*.so removed.
+The loader must refuse the first two from the build record, without trying to load the module; everything else
+runs from the package's own gpuguard._core.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -38,16 +41,29 @@ OTHER_PYTHON = os.environ.get("GPUGUARD_TEST_OTHER_TORCH_PYTHON")
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def _simulated(site: Path) -> tuple[Path, str]:
+def _copy(site: Path) -> Path:
+    """This build's package and its .pth, copied into ``site`` as pip installs them."""
     package = Path(gpuguard.__file__).parent
     shutil.copytree(package, site / "gpuguard", ignore=shutil.ignore_patterns("__pycache__"))
-    for built in (site / "gpuguard").glob("_libtorch*.so"):
-        built.write_bytes(b"not a library: compiled for torch " + SIMULATED_TORCH.encode())
-    (site / "gpuguard" / f"{build_record_name()}.py").write_text(
-        f'TORCH_VERSION = "{SIMULATED_TORCH}"\nTORCH_CXX11_ABI = 1\n')
     for name in ("gpuguard_auto.pth", "_gpuguard_autostart.py"):
         shutil.copy(ROOT / "python" / name, site / name)
+    return site / "gpuguard"
+
+
+def _simulated(site: Path) -> tuple[Path, Optional[str]]:
+    package = _copy(site)
+    for built in package.glob("_libtorch*.so"):
+        built.write_bytes(b"not a library: compiled for torch " + SIMULATED_TORCH.encode())
+    (package / f"{build_record_name()}.py").write_text(f'TORCH_VERSION = "{SIMULATED_TORCH}"\nTORCH_CXX11_ABI = 1\n')
     return site, SIMULATED_TORCH
+
+
+def _without_libtorch(site: Path) -> tuple[Path, Optional[str]]:
+    removed = list(_copy(site).glob("_libtorch*.so"))
+    assert removed, "this build has no gpuguard._libtorch to remove"
+    for built in removed:
+        built.unlink()
+    return site, None
 
 
 def _other_interpreter_facts() -> dict[str, str]:
@@ -58,7 +74,7 @@ def _other_interpreter_facts() -> dict[str, str]:
     return json.loads(proc.stdout)
 
 
-def _real(site: Path) -> tuple[Path, str]:
+def _real(site: Path) -> tuple[Path, Optional[str]]:
     """gpuguard built from this checkout by the other interpreter, installed into ``site`` as pip installs it."""
     if not OTHER_PYTHON:
         pytest.skip("needs GPUGUARD_TEST_OTHER_TORCH_PYTHON: an interpreter of this Python version with another torch "
@@ -83,14 +99,15 @@ def _real(site: Path) -> tuple[Path, str]:
     return site, built_for
 
 
-@pytest.fixture(scope="module", params=["real", "simulated"])
-def mismatched(request, tmp_path_factory) -> tuple[Path, str]:
-    """(a folder holding the package and the .pth beside it, as site-packages would; the torch it was built for)"""
+@pytest.fixture(scope="module", params=["real", "simulated", "without_libtorch"])
+def mismatched(request, tmp_path_factory) -> tuple[Path, Optional[str]]:
+    """(a folder holding the package and the .pth beside it, as site-packages would; the torch it was built for,
+    None where its _libtorch was removed)"""
     site = tmp_path_factory.mktemp(f"site-{request.param}")
-    return _real(site) if request.param == "real" else _simulated(site)
+    return {"real": _real, "simulated": _simulated, "without_libtorch": _without_libtorch}[request.param](site)
 
 
-def env_for(mismatched: tuple[Path, str], fake_gpus, **extra: str) -> dict[str, str]:
+def env_for(mismatched: tuple[Path, Optional[str]], fake_gpus, **extra: str) -> dict[str, str]:
     site = mismatched[0]
     env = fake_gpus.env("h100x4")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests" / "python" / "auto_site"), str(site)])
@@ -104,40 +121,89 @@ def run(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240,
     return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, input=stdin)
 
 
-def expected_error(built_for: str, installed: str) -> str:
-    return (f"gpuguard was built for PyTorch {built_for}, but PyTorch {installed} is installed, so its tensor "
-            f"checks (assert_same_device, same_device, guard, find_device_mismatch) cannot load; everything else "
-            f"works. Rebuild it against this torch: {REBUILD} (or, in a source checkout, pip install "
-            f"--no-build-isolation .)")
+def why(built_for: Optional[str], installed: str) -> str:
+    """The warning's first line: why the compiled checks are not used, and the rebuild command."""
+    if built_for is None:
+        return (f"gpuguard: gpuguard._libtorch (its compiled tensor checks) is missing or unloadable: No module named "
+                f"'gpuguard._libtorch'. Build it with: {REBUILD} (or, in a source checkout, pip install "
+                f"--no-build-isolation .)")
+    return (f"gpuguard: gpuguard was built for PyTorch {built_for}, but PyTorch {installed} is installed, so "
+            f"gpuguard._libtorch (its compiled tensor checks) cannot load. Rebuild it against this torch: {REBUILD} "
+            f"(or, in a source checkout, pip install --no-build-isolation .)")
 
 
-TRAIN = """
-import json, os, sys
+IN_PYTHON = ("Until then, assert_same_device, same_device, guard and find_device_mismatch run in Python: the same "
+             "checks and reports, but slower (about a millisecond a call on a model of a thousand tensors).")
+
+# Each tensor check, passing and failing; the script prints what each answered, to compare with this process's
+# compiled checks (CHECKS runs here too).
+CHECKS = """
+import json, os, sys, warnings
 import torch
 import gpuguard
 from torch import nn
 
+
+def answers():
+    torch.manual_seed(0)
+    out = {}
+
+    def failed(fn):
+        try:
+            fn()
+        except gpuguard.DeviceMismatchError as e:
+            return [str(e), e.fix, e.details]
+        return "passed"
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 2)
+
+        def forward(self, x, mask=None):
+            return self.b(self.a(x))
+
+    x, far = torch.ones(2), torch.ones(2, device="meta")
+    out["assert_same_device"] = [str(gpuguard.assert_same_device(Net(), x, {"k": [x]})),
+                                 failed(lambda: gpuguard.assert_same_device(Net(), x, {"k": [far]}, expected="cpu"))]
+    found = gpuguard.find_device_mismatch(Net(), far)
+    out["find_device_mismatch"] = [gpuguard.find_device_mismatch(Net(), x), str(found), found.details]
+    out["same_device"] = failed(lambda: gpuguard.same_device(lambda batch, *rest: batch)(x, far))
+    net = Net()
+    with gpuguard.guard(net):
+        net(x)
+        out["guard"] = failed(lambda: net(x, mask=far))
+    split = Net()
+    split.b.to("meta")
+    with gpuguard.guard(split, deep=True) as handle:
+        out["deep_hooked"] = handle.hooked_layers
+        out["guard(deep=True)"] = failed(lambda: split(x))
+    return out
+"""
+
+TRAIN = CHECKS + """
 binding = gpuguard.bind()                       # one process: no store needed
 facts = {"binding": str(binding.device), "devices": len(gpuguard.devices()),
          "explain": [d.kind for d in gpuguard.explain("RuntimeError: CUDA error: invalid device ordinal")]}
-model = nn.Linear(2, 2)
-errors = []
-for call in (lambda: gpuguard.assert_same_device(model, torch.ones(2)),
-             lambda: gpuguard.find_device_mismatch(model, torch.ones(2)),
-             lambda: gpuguard.guard(model),
-             lambda: gpuguard.same_device(lambda x: x)(torch.ones(1))):
-    try:
-        call()
-    except ImportError as exc:
-        errors.append(str(exc))
-facts["errors"] = errors
+facts["answers"] = answers()
+facts["answers_again"] = answers() == facts["answers"]  # no warning or state change the second time
 facts["torch"] = torch.__version__
 print(json.dumps(facts), flush=True)
-model.to("meta")(torch.ones(2))                 # PyTorch's own device-mismatch error, to the excepthook
+nn.Linear(2, 2).to("meta")(torch.ones(2))       # PyTorch's own device-mismatch error, to the excepthook
 """
 
 
-def test_a_job_keeps_bind_devices_and_explain_and_the_tensor_checks_say_why_they_cannot_run(
+def compiled_answers() -> dict:
+    """CHECKS' answers from this process's compiled checks, as JSON would carry them back."""
+    from gpuguard import _libtorch_loader
+
+    assert _libtorch_loader.tensor_checks() is _libtorch_loader.libtorch()
+    scope: dict = {}
+    exec(CHECKS, scope)  # noqa: S102 - the same code as the script runs
+    return json.loads(json.dumps(scope["answers"]()))
+
+
+def test_a_job_keeps_bind_devices_and_explain_and_the_tensor_checks_run_in_python_after_one_warning(
         mismatched, fake_gpus, tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     env = env_for(mismatched, fake_gpus, CUDA_VISIBLE_DEVICES="2")
@@ -145,16 +211,25 @@ def test_a_job_keeps_bind_devices_and_explain_and_the_tensor_checks_say_why_they
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert facts["binding"] == "cpu" or facts["binding"].startswith("cuda"), facts
     assert facts["devices"] == 1 and facts["explain"] == ["invalid_device_ordinal"]
-    assert facts["errors"] == [expected_error(mismatched[1], facts["torch"])] * 4  # every call, the same words
-    # the zero-code mode was on and still explains what it cannot report
+    # every tensor check ran, and answered as the compiled checks answer here
+    assert facts["answers"] == compiled_answers()
+    assert facts["answers_again"] is True
+    assert facts["answers"]["deep_hooked"] == ["a", "b"]
+    # one warning, saying why and how to rebuild
+    assert proc.stderr.count("GpuGuardWarning") == 1, proc.stderr
+    assert f"{why(mismatched[1], facts['torch'])}\n{IN_PYTHON}" in proc.stderr, proc.stderr
+    # the zero-code mode was on, and reports on PyTorch's own error with the Python checks
     assert "gpuguard: active (auto)" in proc.stderr
     assert proc.returncode != 0
-    assert f"gpuguard: no report on which tensors disagree: {expected_error(mismatched[1], facts['torch'])}" \
-        in proc.stderr
+    import torch
+    from torch import nn
+
+    report = gpuguard.find_device_mismatch(nn.Linear(2, 2).to("meta"), torch.ones(2))
+    assert f"gpuguard: torch stopped in Linear of Linear.\n{report}" in proc.stderr, proc.stderr
     assert "not a library" not in proc.stderr and "undefined symbol" not in proc.stderr  # never tried to load it
 
 
-def test_the_command_line_works_and_doctor_names_the_mismatch(mismatched, fake_gpus, tmp_path):
+def test_the_command_line_works_and_doctor_says_the_checks_run_in_python(mismatched, fake_gpus, tmp_path):
     env = env_for(mismatched, fake_gpus, CUDA_VISIBLE_DEVICES="0,1")
     devices = run([sys.executable, "-m", "gpuguard", "devices", "--json"], env, tmp_path)
     assert devices.returncode == 0, devices.stderr
@@ -165,12 +240,25 @@ def test_the_command_line_works_and_doctor_names_the_mismatch(mismatched, fake_g
     assert [d["kind"] for d in json.loads(explained.stdout)["diagnoses"]] == ["invalid_device_ordinal"]
     doctor = run([sys.executable, "-m", "gpuguard", "doctor", "--json"], env, tmp_path)
     doc = json.loads(doctor.stdout)
-    found = {f["code"]: f for f in doc["findings"]}["torch_build_mismatch"]
-    assert doc["versions"]["gpuguard built for torch"] == mismatched[1]
+    installed = doc["versions"]["torch"]
+    built_for = mismatched[1]
+    if built_for is None:
+        found = {f["code"]: f for f in doc["findings"]}["tensor_checks_missing"]
+        assert doc["versions"]["tensor checks"] == "Python (gpuguard._libtorch is missing)"
+        assert found["message"] == ("gpuguard was built without its compiled tensor checks (gpuguard._libtorch): "
+                                    "assert_same_device, same_device, guard and find_device_mismatch run in Python "
+                                    "instead: the same checks and reports, slower.")
+        assert found["fix"] == f"Rebuild gpuguard with torch installed: {REBUILD}"
+    else:
+        found = {f["code"]: f for f in doc["findings"]}["torch_build_mismatch"]
+        assert doc["versions"]["gpuguard built for torch"] == built_for
+        assert doc["versions"]["tensor checks"] == (f"Python (gpuguard._libtorch was built for PyTorch {built_for}, "
+                                                    f"not {installed})")
+        assert found["message"].startswith(f"gpuguard's tensor checks were built for PyTorch {built_for}, but "
+                                           f"PyTorch {installed} is installed: assert_same_device, same_device, guard "
+                                           f"and find_device_mismatch run in Python instead")
+        assert found["fix"] == f"Rebuild gpuguard against this torch: {REBUILD}"
     assert found["severity"] == "warning"
-    assert found["message"].startswith(f"gpuguard's tensor checks were built for PyTorch {mismatched[1]}, but "
-                                       f"PyTorch {doc['versions']['torch']} is installed: assert_same_device")
-    assert found["fix"] == f"Rebuild gpuguard against this torch: {REBUILD}"
 
 
 WATCHED = """
@@ -225,7 +313,7 @@ def test_the_module_built_for_the_other_torch_really_cannot_load_here(mismatched
     """What the build record spares the user: with another C++ ABI (torch 2.6's wheels against later ones) the
     module built for the other torch fails to load at all, on an undefined symbol."""
     site, built_for = mismatched
-    if built_for == SIMULATED_TORCH:
+    if built_for in (SIMULATED_TORCH, None):
         pytest.skip("the simulated build has no module to load; the real one (GPUGUARD_TEST_OTHER_TORCH_PYTHON) does")
     import torch
 

@@ -64,8 +64,6 @@ def report(exc: BaseException) -> Optional[str]:
         assert_same_device(model, *_inputs(outer))
     except DeviceMismatchError as found:
         text = str(found)
-    except ImportError as unavailable:  # the tensor checks were built for another torch: say so, not nothing
-        return f"{NOTE_PREFIX}no report on which tensors disagree: {unavailable}"
     else:  # the model and its inputs agree: the disagreement is inside a layer (a tensor made in forward)
         try:
             assert_same_device(layer, *_inputs(inner))
