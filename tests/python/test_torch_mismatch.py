@@ -5,8 +5,9 @@ and how to rebuild; doctor says which path runs.
 
 Three packages stand for "built against one torch, imported under another" and "installed without _libtorch":
 - real: gpuguard really built (pip install --no-build-isolation --target) by another interpreter of this Python
-  version whose torch differs, GPUGUARD_TEST_OTHER_TORCH_PYTHON (CI: the middle corner runs this file with the
-  oldest corner's Python, torch 2.6, whose wheels use the old C++ ABI, so its _libtorch cannot load here at all);
+  version whose torch differs, GPUGUARD_TEST_OTHER_TORCH_PYTHON (CI: the middle corner, torch 2.11, runs this file
+  with a venv of its own Python holding torch 2.6, whose wheels use the old C++ ABI, so its _libtorch cannot load
+  here at all);
   skipped, saying so, where none is given;
 - simulated (everywhere): a copy of this build whose build record names PyTorch 2.4.1 and whose gpuguard._libtorch
   is a file no loader can open;
