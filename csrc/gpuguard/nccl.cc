@@ -1,4 +1,4 @@
-// Loads NCCL with dlopen (preferring the copy already in the process): version, unique id, status, checking.
+// Loads NCCL with dlopen (the copy already in the process, else the job's): version, unique id, status, checking.
 #include "gpuguard/nccl.h"
 
 #include <algorithm>
@@ -111,6 +111,7 @@ NcclStatus Nccl::status() {
   st.loaded = true;
   st.already_in_process = lib_.already_in_process();
   st.library = lib_.loaded_from();
+  st.found_by = lib_.found_by();
   auto v = version();
   if (v) {
     st.version = v.value();

@@ -1,4 +1,4 @@
-// NCCL loaded at run time (the copy torch loaded first): version, unique id, status, and GPUGUARD_NCCL.
+// NCCL loaded at run time (the copy torch loads): version, unique id, status, and GPUGUARD_NCCL.
 #pragma once
 
 #include <array>
@@ -19,6 +19,7 @@ struct NcclStatus {
   bool loaded = false;
   bool already_in_process = false;  // found with RTLD_NOLOAD: the copy torch (or another library) loaded
   std::string library;              // resolved path, or the names tried
+  std::string found_by;             // the rule that chose it (RuntimeLibrary::found_by); empty when not loaded
   int version = 0;                  // 22809 for 2.28.9; 0 when unknown
   std::string version_string;       // "2.28.9"
   std::string reason;               // why NCCL is unusable; empty when it is usable for probing
@@ -33,8 +34,12 @@ class Nccl {
  public:
   static Nccl& instance();
 
-  // $GPUGUARD_LIBNCCL alone if set; otherwise libnccl.so.2 then libnccl.so (after the RTLD_NOLOAD look-up).
+  // $GPUGUARD_LIBNCCL alone if set; otherwise libnccl.so.2 then libnccl.so (after the RTLD_NOLOAD look-up and
+  // the file given to prefer()).
   static std::vector<std::string> library_candidates();
+  // The NCCL the job will load (torch's, which Python finds: gpuguard.nccl_library), tried before the loader's
+  // search unless $GPUGUARD_LIBNCCL is set or a libnccl.so.2 is already loaded. False once NCCL was loaded.
+  bool prefer(std::string path, std::string origin) { return lib_.prefer(std::move(path), std::move(origin)); }
 
   Status load();
   NcclStatus status();

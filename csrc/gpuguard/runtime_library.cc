@@ -21,7 +21,8 @@ std::vector<std::string> LibrarySpec::candidates() const {
 void* RuntimeLibrary::Symbols::lookup(const char* name) const { return dlsym(handle_, name); }
 
 std::string RuntimeLibrary::candidate_list() const {
-  std::string out;
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string out = spec_.overridden() ? "" : preferred_;
   for (const auto& name : spec_.candidates()) out += (out.empty() ? "" : ", ") + name;
   return out;
 }
@@ -35,22 +36,34 @@ Status RuntimeLibrary::open() {
       handle_ = handle;
       name_ = spec_.prefer_loaded;
       already_in_process_ = true;
+      found_by_ = "already loaded in this process";
       return ok_status();
     }
     dlerror();  // clear: not being loaded yet is not an error
   }
   std::string tried;
-  for (const auto& name : spec_.candidates()) {
+  auto try_open = [&](const std::string& name, std::string found_by) {
     dlerror();
     void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle != nullptr) {
       handle_ = handle;
       name_ = name;
-      return ok_status();
+      found_by_ = std::move(found_by);
+      return true;
     }
     const char* why = dlerror();
     if (!tried.empty()) tried += "; ";
     tried += why ? std::string(why) : name + ": unknown dlopen error";  // dlerror names the file
+    return false;
+  };
+  if (spec_.overridden()) {
+    if (try_open(spec_.candidates().front(), "$" + spec_.env_override)) return ok_status();
+  } else {
+    if (!preferred_.empty() && try_open(preferred_, preferred_origin_)) return ok_status();
+    const std::string passed_over = tried.empty() ? "" : " (" + preferred_origin_ + " did not load: " + tried + ")";
+    for (const auto& name : spec_.names) {
+      if (try_open(name, "the dynamic loader's search for " + name + passed_over)) return ok_status();
+    }
   }
   return unavailable_error(spec_.library, "dlopen",
                            spec_.absent + ": " + (tried.empty() ? "no candidate library names" : tried));
@@ -73,6 +86,19 @@ std::string RuntimeLibrary::resolved_path() const {
     return map->l_name;
   }
   return name_;
+}
+
+bool RuntimeLibrary::prefer(std::string path, std::string origin) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (attempted_) return false;
+  preferred_ = std::move(path);
+  preferred_origin_ = std::move(origin);
+  return true;
+}
+
+std::string RuntimeLibrary::found_by() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return found_by_;
 }
 
 bool RuntimeLibrary::already_in_process() const {

@@ -69,12 +69,21 @@ class RuntimeLibrary {
     return status_;
   }
 
+  // Before the first load(): try `path` after the copy already loaded and before LibrarySpec::names (never
+  // instead of the override); `origin` says where the caller found it ("torch's NCCL: ..."), for found_by().
+  // The caller knows what the job will load (torch's RPATH), which the names on the loader's path need not be.
+  // False, and nothing changes, once load() has run.
+  bool prefer(std::string path, std::string origin);
   // LibrarySpec::candidates(), comma-separated, for reports on a library that did not load.
   std::string candidate_list() const;
   // The file actually loaded (dlinfo), empty until it is open. For reports.
   std::string loaded_from() const;
   // The copy already in the process was used (see LibrarySpec::prefer_loaded).
   bool already_in_process() const;
+  // Which rule chose the file that opened: "$GPUGUARD_LIBNCCL", "already loaded in this process", prefer()'s
+  // origin, or "the dynamic loader's search for libnccl.so.2" (saying why the preferred file did not load).
+  // Empty until it is open.
+  std::string found_by() const;
 
  private:
   Status open();  // with mutex_ held
@@ -88,6 +97,9 @@ class RuntimeLibrary {
   void* handle_ = nullptr;
   std::string name_;  // the candidate that opened
   bool already_in_process_ = false;
+  std::string preferred_;         // prefer()'s path
+  std::string preferred_origin_;  // and where it came from
+  std::string found_by_;
 };
 
 // Binds one entry of an API header's X-list (symbol, return type, parameters) to the same-named member of the

@@ -59,6 +59,7 @@ class DoctorReport:
     peer_access: Optional[list[list[Optional[bool]]]] = None
     p2p: Optional[dict[str, Any]] = None
     nccl: Optional[dict[str, Any]] = None
+    nccl_libraries: Optional[dict[str, Any]] = None  # gpuguard's NCCL and torch's; "same": one file
     unchecked: list[tuple[str, str]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
@@ -77,6 +78,7 @@ class DoctorReport:
         return {
             "schema": SCHEMA,
             "versions": self.versions,
+            "nccl_libraries": self.nccl_libraries,
             "host": self.host,
             "launcher": self.launcher,
             "settings": self.settings,
@@ -131,29 +133,72 @@ def _versions(report: DoctorReport) -> None:
     report.versions["torch"] = torch.version if torch else "not installed"
     report.versions["torch CUDA build"] = ((torch.cuda or "none (CPU-only build of torch)") if torch else
                                            "none (torch is not installed)")
-    report.versions["NCCL"] = _nccl_version(report)
+    _nccl_libraries(report, torch)
     try:
         report.versions["ray"] = importlib.metadata.version("ray")
     except importlib.metadata.PackageNotFoundError:
         report.versions["ray"] = "not installed"
 
 
-def _nccl_version(report: DoctorReport) -> Optional[str]:
-    """NCCL through gpuguard's loader (the copy torch already loaded first, else the library path); otherwise the
-    nvidia-nccl wheel torch's CUDA build loads, by its version. Neither initialises CUDA nor imports torch."""
-    from ._core import nccl_status
-    from .installed_torch import nccl_wheel
+def _nccl_libraries(report: DoctorReport, torch: Any) -> None:
+    """gpuguard's NCCL (loaded as its probes load it, gpuguard.nccl_library) and torch's (read from torch's files),
+    each with its version and path; a warning when they are not the same file. Neither initialises CUDA nor
+    imports torch."""
+    from .nccl_library import nccl_status, torch_nccl, wheel_version_of
 
     status = nccl_status()
+    theirs = torch_nccl(torch)
+    ours_path = os.path.realpath(status.library) if status.loaded else None
+    same: Optional[bool] = None
     if status.loaded:
-        where = "already loaded in this process" if status.already_in_process else "loaded by gpuguard"
-        return f"{status.version_string} ({status.library}, {where})"
-    wheel = nccl_wheel()
-    if wheel is None:
-        report.not_checked("NCCL version", f"{status.reason}; no nvidia-nccl wheel is installed either")
-        return None
-    return (f"{wheel.version} (torch's {wheel.distribution} wheel, {wheel.library or 'its library file is missing'}; "
-            f"gpuguard could not load it from the library path: {status.reason})")
+        report.versions["NCCL (gpuguard's)"] = f"{status.version_string} ({status.library}, {status.found_by})"
+    else:
+        report.versions["NCCL (gpuguard's)"] = None
+        report.not_checked("NCCL (gpuguard's)", status.reason)
+    torch_entry: dict[str, Any] = {"library": None, "version": None, "wheel": None, "how": None, "static": False}
+    if torch is None:
+        report.versions["NCCL (torch's)"] = "none (torch is not installed)"
+    elif theirs is None:
+        report.versions["NCCL (torch's)"] = "none (CPU-only build of torch)"
+    else:
+        torch_entry.update(theirs.as_dict())
+        if theirs.library is not None:
+            wheel = wheel_version_of(theirs.library)
+            same = ours_path is not None and ours_path == os.path.realpath(theirs.library)
+            version = status.version_string if same else (wheel[1] if wheel else "version unknown")
+            torch_entry.update(version=version, wheel=wheel[0] if wheel else None)
+            report.versions["NCCL (torch's)"] = (f"{version} ({theirs.library}, "
+                                                 + (f"its {wheel[0]} wheel, " if wheel else "") + f"{theirs.how})")
+        elif theirs.static:
+            report.versions["NCCL (torch's)"] = f"built into torch, {theirs.how}"
+        else:
+            report.versions["NCCL (torch's)"] = f"whichever libnccl.so.2 the loader finds ({theirs.how})"
+    report.nccl_libraries = {"gpuguard": status.as_dict(), "torch": torch_entry, "same": same}
+    if same is False:
+        _nccl_not_torchs(report, status, theirs, torch_entry)
+    elif theirs is not None and theirs.static and status.loaded:
+        report.find("info", "nccl_linked_into_torch", f"torch's NCCL is {theirs.how}: no other library can load "
+                    f"that copy, so gpuguard's NCCL checks run on NCCL {status.version_string} ({status.library}) "
+                    "instead, and their verdict holds for torch's NCCL only as far as the two agree.")
+
+
+def _nccl_not_torchs(report: DoctorReport, status: Any, theirs: Any, torch_entry: dict[str, Any]) -> None:
+    """Two NCCLs: the finding says which one the job uses, what that costs, and the fix for how it happened."""
+    message = (f"gpuguard's NCCL is not torch's: gpuguard loaded NCCL {status.version_string} from "
+               f"{status.library} ({status.found_by}), but torch loads NCCL {torch_entry['version']} from "
+               f"{theirs.library}. The job's collectives run on torch's, so gpuguard's NCCL checks (verify_nccl, "
+               "doctor --nccl, the unique-id exchange) test a library the job does not use. And where gpuguard "
+               "loads its copy first in a process (bind() before import torch), torch binds to that copy "
+               "instead of its own: the dynamic loader reuses a loaded libnccl.so.2.")
+    if status.found_by.startswith("$GPUGUARD_LIBNCCL"):
+        fix = f"Unset GPUGUARD_LIBNCCL, or set it to torch's: export GPUGUARD_LIBNCCL={theirs.library}"
+    elif status.already_in_process:
+        fix = ("Another library loaded its NCCL before torch in this process: import torch before it, so that "
+               "both use torch's.")
+    else:
+        fix = (f"Check that {theirs.library} loads (its error is quoted above); reinstall torch's NCCL wheel "
+               f"({torch_entry['wheel'] or 'nvidia-nccl'}) if it does not.")
+    report.find("warning", "nccl_not_torchs", message, fix)
 
 
 def _launcher(report: DoctorReport) -> Any:
@@ -443,8 +488,8 @@ P2P_DISABLE_COST = ("NCCL then moves data between this node's GPUs through host 
 
 
 def _nccl(report: DoctorReport, timeout: float) -> None:
-    from ._core import nccl_status
     from .explain import explain
+    from .nccl_library import nccl_status
     from .probes.run import nccl_all_reduce
 
     n = len(report.devices)

@@ -73,22 +73,24 @@ def _from_files() -> Optional[InstalledTorch]:
     return None
 
 
+# The nvidia-nccl wheels, newest CUDA first: torch's CUDA builds from PyPI depend on one of them.
+NCCL_WHEELS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+
+
 def nccl_wheel() -> Optional[NcclWheel]:
-    """The nvidia-nccl wheel a CUDA build of torch from PyPI loads its NCCL from; None where there is none."""
-    for distribution in ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11"):
+    """The nvidia-nccl wheel a CUDA build of torch from PyPI loads its NCCL from; None where there is none. Its
+    library is the one its own RECORD lists, not whichever ``nvidia`` package comes first on sys.path."""
+    for distribution in NCCL_WHEELS:
         try:
-            version = importlib.metadata.version(distribution)
+            dist = importlib.metadata.distribution(distribution)
         except importlib.metadata.PackageNotFoundError:
             continue
         library = None
-        try:
-            spec = importlib.util.find_spec("nvidia")
-        except (ImportError, ValueError):
-            spec = None
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            candidate = os.path.join(root, "nccl", "lib", "libnccl.so.2")
-            if os.path.exists(candidate):
-                library = candidate
-                break
-        return NcclWheel(distribution, version, library)
+        for file in dist.files or []:
+            if file.name == "libnccl.so.2":
+                candidate = str(dist.locate_file(file))
+                if os.path.exists(candidate):
+                    library = os.path.normpath(candidate)
+                    break
+        return NcclWheel(distribution, dist.version, library)
     return None

@@ -343,9 +343,21 @@ __attribute__((visibility("default"))) const char* ncclGetLastError(Comm* comm) 
   return copy.c_str();
 }
 
+// A copy of this library answers the version written in "<its file>.version" beside it (e.g. libnccl.so.2.version
+// holding 22803), before the topology's: two copies loaded into one process, standing in for two NCCLs (a system
+// one and a wheel's), then tell which of them answered.
+static int version_beside_this_file() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&version_beside_this_file), &info) == 0 || info.dli_fname == nullptr) return 0;
+  std::ifstream in(std::string(info.dli_fname) + ".version");
+  int version = 0;
+  return in >> version ? version : 0;
+}
+
 __attribute__((visibility("default"))) int ncclGetVersion(int* version) {
   if (version == nullptr) return ncclInvalidArgument;
-  *version = topology_or_default().nccl_version;
+  static const int beside = version_beside_this_file();
+  *version = beside > 0 ? beside : topology_or_default().nccl_version;
   return ncclSuccess;
 }
 

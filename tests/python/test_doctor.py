@@ -60,8 +60,9 @@ def test_doctor_without_a_driver_says_what_it_could_not_check(tmp_path):
     code, doc = doctor_json(["--p2p", "--nccl"], no_driver_env())
     assert code == 0  # a CPU machine is not an error
     assert doc["schema"] == "gpuguard.doctor/1"
-    assert list(doc) == ["schema", "versions", "host", "launcher", "settings", "cuda", "cuda_visible_devices",
-                         "devices", "binding", "gpu_processes", "peer_access", "p2p", "nccl", "not_checked", "findings", "exit_code"]
+    assert list(doc) == ["schema", "versions", "nccl_libraries", "host", "launcher", "settings", "cuda",
+                         "cuda_visible_devices", "devices", "binding", "gpu_processes", "peer_access", "p2p", "nccl",
+                         "not_checked", "findings", "exit_code"]
     assert list(doc["versions"])[:5] == ["gpuguard", "gpuguard built for torch", "python", "torch",
                                          "torch CUDA build"]
     assert doc["devices"] == [] and doc["peer_access"] is None and doc["p2p"] is None and doc["exit_code"] == 0

@@ -142,7 +142,13 @@ void bind_nccl(py::module_& m) {
       st = gpuguard::Nccl::instance().status();
     }
     return st;
-  }, "Loads NCCL (the copy already in the process first; $GPUGUARD_LIBNCCL overrides) and says what it is.");
+  }, "Loads NCCL (the copy already in the process first, then nccl_prefer()'s; $GPUGUARD_LIBNCCL overrides) and "
+     "says what it is.");
+
+  m.def("nccl_prefer", [](std::string path, std::string origin) {
+    return gpuguard::Nccl::instance().prefer(std::move(path), std::move(origin));
+  }, py::arg("path"), py::arg("origin"),
+     "Before NCCL is loaded: try `path` (torch's NCCL) before the loader's search; False once it is loaded.");
 
   m.def("nccl_unique_id", []() -> py::bytes {
     gpuguard::Result<gpuguard::NcclUniqueId> id = gpuguard::Error{};

@@ -276,6 +276,7 @@ void bind_records(py::module_& m) {
       .field("loaded", &NcclStatus::loaded)
       .field("already_in_process", &NcclStatus::already_in_process)
       .field("library", &NcclStatus::library)
+      .field("found_by", &NcclStatus::found_by)
       .field("version", &NcclStatus::version)
       .field("version_string", &NcclStatus::version_string)
       .field("reason", &NcclStatus::reason)

@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Optional
 
-from .._core import nccl_probe, nccl_status, nccl_unique_id
+from ..nccl_library import nccl_probe, nccl_status, nccl_unique_id
 from ..deadline import Deadline
 from ..explain import kinds_in
 from .exchange import MAX_REPORTED_DEVICES, TIMEOUT_GRACE_S, publish, read_verdict

@@ -1,4 +1,4 @@
-"""`gpuguard doctor --json` on a real one-GPU machine; --p2p and --nccl say why they did not run."""
+"""`gpuguard doctor --json` on a real one-GPU machine: --p2p and --nccl say why they did not run; NCCL is torch's."""
 
 from __future__ import annotations
 
@@ -22,3 +22,5 @@ def test_doctor_json_on_one_gpu(real_env, smi, report):
     not_checked = json.dumps(doc.get("not_checked", doc))
     assert "1 GPU visible: a peer copy needs two" in not_checked
     assert "1 GPU visible: an all-reduce across GPUs needs two" in not_checked
+    # gpuguard's NCCL is torch's, one file (issue 37: it was the system's 2.28.3 beside torch's 2.28.9)
+    assert doc["nccl_libraries"]["same"] is True, doc["nccl_libraries"]
