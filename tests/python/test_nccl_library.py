@@ -208,6 +208,7 @@ def test_doctor_says_how_to_mend_a_torch_nccl_that_does_not_load(fake_gpus, two_
 
 # ---- the torch installed here -----------------------------------------------------------------------------------
 
+@pytest.mark.follows_torch  # where each torch release's wheel puts its NCCL, and how libtorch_cuda.so finds it
 def test_torchs_nccl_read_from_its_files_is_the_one_torch_loads():
     """Against the real torch of this interpreter: the file and version read from libtorch_cuda.so and the wheel's
     metadata are what torch itself loads and reports."""
