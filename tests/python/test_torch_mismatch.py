@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from gg_testing.paths import ROOT
 import gpuguard
-from conftest import ROOT
 from gpuguard._libtorch_loader import build_record_name
 
 SIMULATED_TORCH = "2.4.1+cu124"
