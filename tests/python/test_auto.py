@@ -140,8 +140,8 @@ def test_a_two_torchrun_agents_global_rank_as_device(fake_gpus, tmp_path):
                f"cuda:{r - 2})" in msg
     for r in (0, 1):  # right index: gpuguard lets torch's set_device run (this torch has no GPU to set)
         assert ranks[r]["type"] != "RankMappingError" and "gpuguard" not in ranks[r].get("module", ""), ranks[r]
-    for _, stderr in logs:
-        assert stderr.count(ACTIVE) == 3  # the agent and its two workers: one line each
+    for log in logs:
+        assert log.stderr.count(ACTIVE) == 3  # the agent and its two workers: one line each
 
 
 # ---- (b), (c) NCCL groups sharing a GPU under torchrun ----------------------------------------------------------
