@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+if __name__ == "__main__":  # run as a script (selftest): tests/ on the path, for gg_testing
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gg_testing.procs import kill_group  # noqa: E402
+
 SUBNET = "10.213.47"
 PREFIX = "gg"
 
@@ -259,7 +263,7 @@ MessageTimeout=20
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             out, err = proc.communicate()
             raise RuntimeError(f"{' '.join(argv)} ran past {timeout} s on {self.names[node - 1]}:\n{out}\n{err}")
         out += "".join(f.read_text() for f in sorted(results.glob("*.json")))
@@ -322,13 +326,6 @@ MessageTimeout=20
                     os.kill(int(entry.name), signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _main(argv: list[str]) -> int:

@@ -13,6 +13,8 @@ from typing import Iterator
 
 import pytest
 
+from gg_testing.env import fakes_dir
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
@@ -21,19 +23,12 @@ from .cluster import Cluster, missing_requirements
 RANK_PROGRAM = HERE / "rank_program.py"
 
 
-def _fakes_dir() -> Path | None:
-    for c in (os.environ.get("GPUGUARD_FAKES_DIR"), str(ROOT / "build" / "dev" / "tests" / "fakes")):
-        if c and (Path(c) / "libgpuguard_fake_cuda.so").exists():
-            return Path(c)
-    return None
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
-    fakes = _fakes_dir()
+    fakes = fakes_dir(build=False)
     if fakes is None:
         pytest.skip("the fake CUDA driver is not built (run scripts/test.sh, or set GPUGUARD_FAKES_DIR)")
     # GPUGUARD_CLUSTER_PYTHONPATH: run these tests against another gpuguard tree (e.g. an older commit's)

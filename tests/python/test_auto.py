@@ -12,41 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_json, run_python
-from test_bind import scrubbed
+from gg_testing import launch
+from gg_testing.env import auto_env
+from gg_testing.launch import write
+from gg_testing.ports import free_port
+from gg_testing.procs import run_json, run_python
 
-SITE_HOOK = ROOT / "tests" / "python" / "auto_site"
 ACTIVE = "gpuguard: active (auto)"
-
-
-def auto_env(env: dict[str, str], **extra: str) -> dict[str, str]:
-    """``env`` with the installed-package start-up path (the .pth) and GPUGUARD=1."""
-    env = scrubbed(dict(env))
-    env["PYTHONPATH"] = os.pathsep.join([str(SITE_HOOK), env.get("PYTHONPATH", str(ROOT / "python"))])
-    env["GPUGUARD_TEST_SITE"] = str(ROOT / "python")
-    env["GPUGUARD"] = "1"
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def write(tmp_path: Path, name: str, code: str) -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(code))
-    return path
 
 
 # ---- switching it on ----------------------------------------------------------------------------------------
@@ -132,35 +108,27 @@ def test_module_to_a_device_this_process_cannot_see(fake_gpus, call, quoted):
 # ---- (a) two torchrun agents, set_device(dist.get_rank()) after init ------------------------------------------
 
 RANK_AS_DEVICE = """
-import json, os, sys, traceback
 import torch, torch.distributed as dist
+from gg_testing.rank import write_result
 dist.init_process_group("gloo")
 try:
     torch.cuda.set_device(dist.get_rank())
     out = {"type": None}
 except Exception as exc:
     out = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc)}
-with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
-    json.dump(out, f)
+write_result(out, rank=dist.get_rank())
 """
 
 
 @pytest.mark.slow
 def test_a_two_torchrun_agents_global_rank_as_device(fake_gpus, tmp_path):
     script = write(tmp_path, "train.py", RANK_AS_DEVICE)
-    out = tmp_path / "out"
-    out.mkdir()
-    port = free_port()
-    agents = []
-    for node, visible in ((0, "0,1"), (1, "2,3")):  # one host, two "nodes" of 2 GPUs each
-        env = auto_env(fake_gpus.env("h100x4", visible=visible))
-        agents.append(subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
-             f"--node_rank={node}", "--rdzv_backend=static", "--master_addr=127.0.0.1", f"--master_port={port}",
-             str(script), str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    logs = [a.communicate(timeout=240) for a in agents]
-    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    assert sorted(ranks) == [0, 1, 2, 3], logs
+    agents = launch.torchrun_nodes(  # one host, two "nodes" of 2 GPUs each
+        str(script), nodes=2, nproc=2, workdir=tmp_path,
+        env_of_node=lambda node: auto_env(fake_gpus.env("h100x4", visible=("0,1", "2,3")[node])))
+    logs = launch.wait_jobs(agents)
+    ranks = agents[0].ranks()
+    assert sorted(ranks) == [0, 1, 2, 3], [log.tail() for log in logs]
     for r in (2, 3):
         got = ranks[r]
         assert (got["module"], got["type"]) == ("gpuguard.errors", "RankMappingError"), got
@@ -172,8 +140,8 @@ def test_a_two_torchrun_agents_global_rank_as_device(fake_gpus, tmp_path):
                f"cuda:{r - 2})" in msg
     for r in (0, 1):  # right index: gpuguard lets torch's set_device run (this torch has no GPU to set)
         assert ranks[r]["type"] != "RankMappingError" and "gpuguard" not in ranks[r].get("module", ""), ranks[r]
-    for _, stderr in logs:
-        assert stderr.count(ACTIVE) == 3  # the agent and its two workers: one line each
+    for log in logs:
+        assert log.stderr.count(ACTIVE) == 3  # the agent and its two workers: one line each
 
 
 # ---- (b), (c) NCCL groups sharing a GPU under torchrun ----------------------------------------------------------
@@ -194,10 +162,9 @@ def torchrun_auto(fake_gpus, tmp_path, topology: str, nproc: int, **extra: str):
     report = tmp_path / "report.json"
     env = auto_env(fake_gpus.env(topology), **extra)
     env.pop("GPUGUARD")  # `gpuguard run` sets it
-    proc = subprocess.run([sys.executable, "-m", "gpuguard", "run", "--json-report", str(report), "--",
-                           sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={nproc}", str(script)],
-                          env=env, capture_output=True, text=True, timeout=240)
+    job = launch.Job(launch.torchrun_argv(str(script), nproc=nproc, prefix=(
+        "-m", "gpuguard", "run", "--json-report", str(report), "--", sys.executable)), env, tmp_path)
+    proc = job.wait()
     return proc, json.loads(report.read_text())
 
 
@@ -390,12 +357,13 @@ def test_a_report_under_torchs_rank_prefix_hook_stays_whole_and_prefixed(fake_gp
 # triggers) is what a CUDA job goes through.
 
 DEFERRED = """
-import json, os, sys
+import os, sys
 import torch, torch.distributed as dist
+from gg_testing.rank import write_result
 import gpuguard.auto.group_check as group_check
 group_check.nccl_backed = lambda backend: True
 group_check.torch_cannot_build_nccl_here = lambda: False
-mode = sys.argv[2]
+mode = sys.argv[1]
 dist.init_process_group("gloo")
 out = {"type": None}
 try:
@@ -412,27 +380,20 @@ except Exception as exc:
     out = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
            "notes": getattr(exc, "__notes__", [])}
 out["collective_unwrapped"] = dist.all_reduce is dist.distributed_c10d.all_reduce
-with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f:
-    json.dump(out, f)
+write_result(out)
 """
 
 
 def torchrun_deferred(fake_gpus, tmp_path, mode: str, nodes: int, nproc: int):
     script = write(tmp_path, "train.py", DEFERRED)
-    out = tmp_path / "out"
-    out.mkdir()
-    port = free_port()
-    agents = []
-    for node in range(nodes):
-        visible = ",".join(str(node * nproc + i) for i in range(nproc))
-        env = auto_env(fake_gpus.env("h100x4", visible=visible))
-        agents.append(subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={nproc}",
-             f"--node_rank={node}", "--rdzv_backend=static", "--master_addr=127.0.0.1", f"--master_port={port}",
-             str(script), str(out), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    logs = [a.communicate(timeout=240) for a in agents]
-    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    assert sorted(ranks) == list(range(nodes * nproc)), logs
+
+    def env_of_node(node: int) -> dict[str, str]:
+        return auto_env(fake_gpus.env("h100x4", visible=",".join(str(node * nproc + i) for i in range(nproc))))
+    agents = launch.torchrun_nodes(str(script), mode, nodes=nodes, nproc=nproc, env_of_node=env_of_node,
+                                   workdir=tmp_path)
+    logs = launch.wait_jobs(agents)
+    ranks = agents[0].ranks()
+    assert sorted(ranks) == list(range(nodes * nproc)), [log.tail() for log in logs]
     return ranks
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import no_driver_env, run_json
+from gg_testing import launch
+from gg_testing.env import SLURM_2x5_RANK7, TORCHRUN, no_driver_env, scrubbed
+from gg_testing.launch import write
+from gg_testing.procs import run_json
+
 from gpuguard import CudaStateError, LaunchEnvironmentError, RankMappingError, _core
 from gpuguard.binding import Binding
 from gpuguard.binding.cuda_state import check_cuda_state, earlier_initialisation
@@ -20,7 +23,6 @@ from gpuguard.binding.launchers import LaunchContext, detect
 from gpuguard.binding.visible_devices import parse_visible_devices
 from gpuguard.devices import Device
 
-from test_launchers import SLURM_2x5_RANK7, TORCHRUN
 
 
 def fake_devices(n: int) -> list[Device]:
@@ -231,17 +233,6 @@ def attempt(env, **kwargs):
 """
 
 
-LAUNCHER_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "JSM_", "MPI_LOCAL", "KUBERNETES_",
-                     "PET_", "GPUGUARD_LAUNCHER", "GPUGUARD_GROUP", "RAY_EXPERIMENTAL_NOSET")
-LAUNCHER_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "LOCAL_SIZE",
-                  "CROSS_RANK", "CROSS_SIZE"}
-
-
-def scrubbed(env: dict[str, str]) -> dict[str, str]:
-    """Without the launcher variables of whatever runs this test suite (CI under srun, say)."""
-    return {k: v for k, v in env.items() if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
-
-
 def run_attempts(cases: str, env: dict[str, str]):
     return run_json(ATTEMPTS + textwrap.dedent(cases), scrubbed(env))
 
@@ -396,31 +387,25 @@ def test_bind_rejects_a_bad_group_and_timeout():
 # ---- real launchers ----------------------------------------------------------------------------------------------
 
 TORCHRUN_WORKER = """
-import json, os, sys
 import torch, torch.distributed as dist
 import gpuguard
+from gg_testing.rank import write_result
 binding = gpuguard.init_process_group(backend="gloo")
 total = torch.tensor([binding.device_index])
 dist.all_reduce(total)
 out = dict(binding.as_dict(), all_reduced_index_sum=int(total.item()), dist_world_size=dist.get_world_size())
-with open(os.path.join(sys.argv[1], f"rank{binding.rank}.json"), "w") as f:
-    json.dump(out, f)
+write_result(out, rank=binding.rank)
 dist.destroy_process_group()
 """
 
 
 @pytest.mark.slow
 def test_real_torchrun_four_processes_each_bind_a_distinct_gpu(fake_gpus, tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(TORCHRUN_WORKER)
-    out = tmp_path / "bindings"
-    out.mkdir()
-    env = scrubbed(fake_gpus.env("h100x4"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(script), str(out)],
-        env=env, capture_output=True, text=True, timeout=240)
+    script = write(tmp_path, "worker.py", TORCHRUN_WORKER)
+    proc = launch.torchrun(str(script), nproc=4, env=scrubbed(fake_gpus.env("h100x4")), workdir=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    bindings = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    assert sorted(proc.ranks) == [0, 1, 2, 3], proc.tail()
+    bindings = [proc.ranks[r] for r in range(4)]
     uuids = [g["uuid"] for g in fake_gpus.topology("h100x4")["gpus"]]
     assert [b["launcher"] for b in bindings] == ["torchrun"] * 4
     assert [b["device"] for b in bindings] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]

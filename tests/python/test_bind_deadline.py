@@ -16,7 +16,7 @@ import zlib
 import pytest
 import torch.distributed as dist
 
-from conftest import TOPOLOGIES
+from gg_testing.paths import TOPOLOGIES
 from gpuguard.deadline import Deadline
 from gpuguard.placement import RankIdentity, exchange, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
@@ -88,7 +88,7 @@ def test_waiting_for_the_nccl_unique_id_gets_only_what_the_exchange_left(fake_gp
     proc = start_rank(fake_gpus, master, 1, 2, "h100x4", group)
 
     def late_rank0() -> None:
-        time.sleep(LATE)
+        time.sleep(LATE)  # a fixed lateness is the subject: what rank 1 has left of its deadline after it
         exchange(dist.TCPStore("127.0.0.1", master.port, is_master=False), rank0, namespace=namespace,
                  deadline=Deadline(T))
 
@@ -106,7 +106,7 @@ def test_a_hung_nccl_probe_is_aborted_at_the_deadline_of_the_whole_call(fake_gpu
     that in the exchange and the probe may have only the rest of its deadline."""
     topology = str(TOPOLOGIES / "h100x4_nccl_hang.json")
     first = start_rank(fake_gpus, master, 0, 2, topology, "deadline-probe")
-    time.sleep(LATE)
+    time.sleep(LATE)  # a fixed lateness is the subject: rank 0 spends it in the exchange
     second = start_rank(fake_gpus, master, 1, 2, topology, "deadline-probe")
     got = [outcome_of(first), outcome_of(second)]
     for outcome in got:

@@ -5,7 +5,6 @@ driver; and a spawned child that passes nothing is refused instead of becoming r
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gg_testing.ports import free_port
+from gg_testing.procs import run_json, run_python
 import gpuguard
-from conftest import run_json, run_python
 from gpuguard import GpuGuardError
 
 SPAWN = """
@@ -65,12 +65,6 @@ def spawn(tmp_path: Path, env: dict[str, str], nprocs: int, how: str) -> list[di
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(nprocs)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_spawned_processes_with_explicit_ranks_bind_distinct_gpus(fake_gpus, tmp_path):

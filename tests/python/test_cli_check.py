@@ -4,42 +4,28 @@ the others, and exits 0 with its binding, or 1 with the same duplicate report on
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import run_json
-from test_bind import scrubbed
+from gg_testing import launch
+from gg_testing.env import scrubbed
+from gg_testing.procs import run_json
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 
 
-def torchrun_check(fake_gpus, topology: str, nproc: int) -> subprocess.CompletedProcess[str]:
-    env = scrubbed(fake_gpus.env(topology))
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={nproc}", "--tee=1", "-m", "gpuguard", "check", "--json",
-                           "--timeout", "60"],
-                          env=env, capture_output=True, text=True, timeout=240)
-
-
-def rank_lines(stdout: str) -> dict[int, dict]:
-    """torchrun --tee prefixes each rank's stdout with `[rankN]:` (older torch: `[default0]:`)."""
-    out = {}
-    for line in stdout.splitlines():
-        head, sep, body = line.partition("]:")
-        if not sep or not body.strip().startswith("{"):
-            continue
-        digits = "".join(c for c in head if c.isdigit())
-        out[int(digits)] = json.loads(body)
-    return out
+def torchrun_check(fake_gpus, tmp_path, topology: str, nproc: int) -> launch.Finished:
+    """`gpuguard check --json` on every rank, each rank's stdout in its own file (launch.rank_json reads them)."""
+    return launch.torchrun("-m", "gpuguard", "check", "--json", "--timeout", "60", nproc=nproc,
+                           env=scrubbed(fake_gpus.env(topology)), workdir=tmp_path, logs=True)
 
 
 @pytest.mark.slow
-def test_check_passes_with_one_gpu_per_rank(fake_gpus):
-    proc = torchrun_check(fake_gpus, "h100x4", 2)
+def test_check_passes_with_one_gpu_per_rank(fake_gpus, tmp_path):
+    proc = torchrun_check(fake_gpus, tmp_path, "h100x4", 2)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = rank_lines(proc.stdout)
+    ranks = launch.rank_json(proc)
     assert sorted(ranks) == [0, 1]
     uuids = [g["uuid"] for g in fake_gpus.topology("h100x4")["gpus"]]
     assert [ranks[r]["binding"]["uuid"] for r in (0, 1)] == uuids[:2]
@@ -47,10 +33,10 @@ def test_check_passes_with_one_gpu_per_rank(fake_gpus):
 
 
 @pytest.mark.slow
-def test_check_fails_on_every_rank_with_the_same_report_when_two_ranks_share_a_gpu(fake_gpus):
-    proc = torchrun_check(fake_gpus, "h100x1", 2)
+def test_check_fails_on_every_rank_with_the_same_report_when_two_ranks_share_a_gpu(fake_gpus, tmp_path):
+    proc = torchrun_check(fake_gpus, tmp_path, "h100x1", 2)
     assert proc.returncode != 0
-    ranks = rank_lines(proc.stdout)
+    ranks = launch.rank_json(proc)
     assert sorted(ranks) == [0, 1]
     assert {ranks[r]["error"] for r in (0, 1)} == {"DuplicateDeviceError"}
     assert ranks[0]["message"] == ranks[1]["message"]
@@ -63,11 +49,10 @@ def test_check_never_imports_torch_in_the_ranks(fake_gpus, tmp_path):
     # each rank's own stderr (torchrun --redirects) holds its -X importtime lines; the agent's are apart
     env = scrubbed(fake_gpus.env("h100x4"))
     env["PYTHONPROFILEIMPORTTIME"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "--log-dir", str(tmp_path), "--redirects=3", "-m", "gpuguard", "check", "--json",
-                           "--timeout", "60"], env=env, capture_output=True, text=True, timeout=240)
+    proc = launch.torchrun("-m", "gpuguard", "check", "--json", "--timeout", "60", nproc=2, env=env,
+                           workdir=tmp_path, logs=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    logs = sorted(tmp_path.rglob("stderr.log"))
+    logs = sorted((tmp_path / "logs").rglob("stderr.log"))
     assert len(logs) == 2, logs
     for log in logs:
         modules = [line.rsplit("|", 1)[-1].strip() for line in log.read_text().splitlines() if "|" in line]
@@ -109,12 +94,12 @@ def test_check_json_writes_each_line_in_one_write(fake_gpus):
 
 
 @pytest.mark.slow
-def test_check_json_lines_of_ranks_sharing_one_unbuffered_stdout_each_parse(fake_gpus):
+def test_check_json_lines_of_ranks_sharing_one_unbuffered_stdout_each_parse(fake_gpus, tmp_path):
     """4 ranks under torchrun write to the launcher's own stdout (no --tee: they inherit it), unbuffered."""
+    # the ranks' lines share one stream on purpose: that they stay whole there is the subject
     env = dict(scrubbed(fake_gpus.env("h100x4")), PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-                           "-m", "gpuguard", "check", "--json", "--timeout", "60"],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = launch.torchrun("-m", "gpuguard", "check", "--json", "--timeout", "60", nproc=4, env=env,
+                           workdir=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     objects = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert sorted(o["binding"]["rank"] for o in objects) == [0, 1, 2, 3], proc.stdout

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from conftest import no_driver_env, run_cli, run_json, run_python
+from gg_testing.env import no_driver_env
+from gg_testing.procs import run_cli, run_json, run_python
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 

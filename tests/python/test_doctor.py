@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import no_driver_env, run_cli
+from gg_testing.env import no_driver_env
+from gg_testing.procs import run_cli
 
 from gpuguard.devices import Device
 

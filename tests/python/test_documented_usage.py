@@ -16,10 +16,11 @@ from typing import Iterator
 
 import pytest
 
-from conftest import ROOT
+from gg_testing.env import scrubbed
+from gg_testing.paths import ROOT
+from gg_testing.procs import run_logged
+from gg_testing.ray_head import RayHead
 from documented_usage import PYTHON, Block, Setup, command_shim, gpu_setup_for, readme_blocks, write_program
-from ray_head import RayHead, run_logged
-from test_bind import scrubbed
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 FAKE_DRIVER_IN_DOCSTRINGS = "$PWD/build/dev/tests/fakes"

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_cli, run_json
+from gg_testing.paths import ROOT
+from gg_testing.procs import run_cli, run_json
 
 from gpuguard.explain import (
     MAX_LINE_CHARS,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import no_driver_env
+from gg_testing.env import no_driver_env
 from gpuguard.explain import explain, kinds_in
 
 KIND = "gpuguard_device_mismatch"

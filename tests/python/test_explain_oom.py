@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from gg_testing.paths import ROOT
 from gpuguard.explain import LogExplainer, explain, kinds_in
 from gpuguard.explain.recognisers.cuda_oom import parse_message
 

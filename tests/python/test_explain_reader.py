@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from gg_testing.paths import ROOT
 
 from gpuguard import _core
 from gpuguard.explain import explain

@@ -61,7 +61,7 @@ RANK = textwrap.dedent("""
         comm.all_reduce([1.0, 2.0])
         out["all_reduce_s"] = time.monotonic() - start
         event = comm.record_event()
-        time.sleep(0.5)
+        time.sleep(0.5)  # a fixed time is the subject: a hung all-reduce is still not done after it
         out["ready_after_0.5s"] = comm.query() or comm.event_done(event)
         out["async_error"] = comm.async_error()
         synced = synchronize_in_thread()

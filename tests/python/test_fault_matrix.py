@@ -26,9 +26,7 @@ import concurrent.futures
 import datetime
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -38,7 +36,8 @@ from typing import Any, Optional
 import pytest
 import torch.distributed as dist
 
-from test_bind import scrubbed
+from gg_testing import launch
+from gg_testing.env import scrubbed
 
 pytestmark = pytest.mark.wall_clock
 
@@ -116,9 +115,11 @@ def run_case(case: Case, fake_gpus: Any, tmp: Path) -> Outcome:
     out.mkdir(parents=True)
     env = dict(FAULT=case.fault, FAULT_RANK=str(case.rank), FAULT_STEP=case.step, FAULT_TIMEOUT=f"{T:g}",
                FAULT_OUT=str(out))
-    launched: list[subprocess.Popen[bytes]] = []
+    launched: list[launch.Job] = []
     store = None
-    logs = [open(out / f"launcher{i}.log", "wb") for i in range(6)]
+
+    def start(argv: list[str], env: dict[str, str], name: str) -> None:  # the ranks write into `out` themselves
+        launched.append(launch.Job(argv, env, out, name=name, results=out, merge_output=True))
     try:
         if case.launcher == "plain":
             store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -127,23 +128,15 @@ def run_case(case: Case, fake_gpus: Any, tmp: Path) -> Outcome:
                 rank_env = dict(scrubbed(fake_gpus.env("h100x8", **env)), RANK=str(r), WORLD_SIZE=str(case.world),
                                 LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(case.world),
                                 FAULT_STORE=f"127.0.0.1:{store.port}")
-                launched.append(subprocess.Popen([sys.executable, str(WORKER)], env=rank_env, stdout=logs[r],
-                                                 stderr=subprocess.STDOUT, start_new_session=True))
+                start([sys.executable, str(WORKER)], rank_env, f"launcher{r}")
         elif case.launcher == "torchrun":
-            launched.append(subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(WORKER)],
-                env=scrubbed(fake_gpus.env("h100x8", **env)), stdout=logs[0], stderr=subprocess.STDOUT,
-                start_new_session=True))
+            start(launch.torchrun_argv(str(WORKER), nproc=4), scrubbed(fake_gpus.env("h100x8", **env)), "launcher0")
         else:  # two agents of 2 ranks, on GPUs 0,1 and 2,3 of one host, through a rendezvous store served here
             store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                   timeout=datetime.timedelta(seconds=60))
             for node, visible in enumerate(("0,1", "2,3")):
-                launched.append(subprocess.Popen(
-                    [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
-                     "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{store.port}", f"--rdzv_id={case.id}",
-                     "--rdzv_conf=is_host=0", str(WORKER)],
-                    env=scrubbed(fake_gpus.env("h100x8", visible=visible, **env)), stdout=logs[node],
-                    stderr=subprocess.STDOUT, start_new_session=True))
+                start(launch.torchrun_argv(str(WORKER), nproc=2, nnodes=2, port=store.port, rdzv_id=case.id),
+                      scrubbed(fake_gpus.env("h100x8", visible=visible, **env)), f"launcher{node}")
         give_up = time.monotonic() + START_UP + T + GRACE
         wanted = case.survivors()
         while time.monotonic() < give_up and not all((out / f"rank{r}.json").exists() for r in wanted):
@@ -154,20 +147,10 @@ def run_case(case: Case, fake_gpus: Any, tmp: Path) -> Outcome:
                         if (doc := _json(out / f"started{r}.json")) is not None}
         return Outcome(ranks, fault["pid"] if fault else None, started_pids)
     finally:
-        # every rank this case started (a stopped one too), then the launchers: only what the test started
-        for started in out.glob("started*.json"):
-            doc = _json(started)
-            if doc:
-                try:
-                    os.kill(int(doc["pid"]), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for proc in launched:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        for log in logs:
-            log.close()
+        # the launchers and every rank they started (a stopped one too, in a session of its own): only what
+        # this case started, found by its job's mark
+        for job in launched:
+            job.kill()
         del store
 
 

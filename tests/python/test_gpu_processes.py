@@ -20,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TOPOLOGIES, run_json, run_python
-from test_bind import scrubbed
+from gg_testing import launch
+from gg_testing.env import auto_env, no_driver_env, scrubbed
+from gg_testing.launch import write
+from gg_testing.paths import TOPOLOGIES
+from gg_testing.procs import run_json, run_python
 
 TOUCH_CUDA0 = """
 def touch_cuda0():  # what torch.load(path) does with tensors saved from cuda:0: a context on cuda:0
@@ -37,8 +40,9 @@ def with_touch(code: str) -> str:
 
 
 JOB = TOUCH_CUDA0 + """
-import json, os, sys
+import os
 import gpuguard
+from gg_testing.rank import write_result
 if os.environ["RANK"] in os.environ.get("TOUCH_RANKS", "").split(","):
     touch_cuda0()
 try:
@@ -46,23 +50,15 @@ try:
     out = {"type": None, "device": binding.device_index}
 except gpuguard.GpuGuardError as exc:
     out = {"type": type(exc).__name__, "message": str(exc), "fix": exc.fix}
-with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f:
-    json.dump(out, f)
+write_result(out)
 """
 
 
 def torchrun(fake_gpus, tmp_path: Path, topology: str, nproc: int, **extra: str):
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(JOB))
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    env = scrubbed(fake_gpus.env(topology, **extra))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={nproc}", str(script), str(out)],
-                          env=env, capture_output=True, text=True, timeout=240)
-    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    assert sorted(ranks) == list(range(nproc)), proc.stdout + proc.stderr
-    return proc, ranks
+    script = write(tmp_path, "train.py", JOB)
+    job = launch.torchrun(str(script), nproc=nproc, env=scrubbed(fake_gpus.env(topology, **extra)), workdir=tmp_path)
+    assert sorted(job.ranks) == list(range(nproc)), job.tail()
+    return job, job.ranks
 
 
 def topology_with_processes(tmp_path: Path, per_gpu: dict[int, list[dict[str, int]]], base: str = "h100x4") -> str:
@@ -237,7 +233,6 @@ def test_the_monitor_thread_finds_contexts_no_watched_call_made(fake_gpus):
 
 
 def test_zero_code_mode_wraps_torch_load_for_the_monitor(fake_gpus, tmp_path):
-    from test_auto import auto_env
     env = auto_env(fake_gpus.env("h100x4", GPUGUARD_CONTEXT_POLL_S="0"))
     ckpt = tmp_path / "ckpt.pt"
     proc = run_python(with_touch(f"""
@@ -311,7 +306,6 @@ def test_fake_nvml_answers_as_nvml_h_documents(fake_gpus, tmp_path):
 
 
 def test_gpu_usage_through_the_core_and_nvml_missing(fake_gpus):
-    from conftest import no_driver_env
     got = run_json("""
         import json
         from gpuguard import _core

@@ -7,25 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from gg_testing.env import SLURM_2x5_RANK7, TORCHRUN
 from gpuguard import LaunchEnvironmentError
 from gpuguard.binding.launchers import LAUNCHERS, RayActorLauncher, detect, parse_tasks_per_node
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
-
-TORCHRUN = {  # torchrun --nnodes=2 --nproc_per_node=4, second node, its second worker
-    "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-    "TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
-    "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
-    "ROLE_RANK": "5", "ROLE_WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "2",
-}
-
-SLURM_2x5_RANK7 = {  # srun -N2 --ntasks-per-node=5: global rank 7 is local rank 2 on node 1
-    "SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_PROCID": "7",
-    "SLURM_LOCALID": "2", "SLURM_NODEID": "1", "SLURM_NTASKS": "10", "SLURM_NPROCS": "10",
-    "SLURM_STEP_NUM_TASKS": "10", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2",
-    "SLURM_TASKS_PER_NODE": "5(x2)", "SLURM_STEP_TASKS_PER_NODE": "5(x2)", "SLURM_NTASKS_PER_NODE": "5",
-    "SLURM_JOB_NUM_NODES": "2", "SLURMD_NODENAME": "gpu-n1",
-}
 
 OPENMPI = {  # mpirun -np 8 --npernode 4: rank 6
     "OMPI_COMM_WORLD_RANK": "6", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "2",

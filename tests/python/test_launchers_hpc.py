@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT
+from gg_testing.paths import ROOT
 from gpuguard import LaunchEnvironmentError
 from gpuguard.binding.launchers import LAUNCHERS, detect
 

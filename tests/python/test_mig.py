@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_json
+from gg_testing.procs import run_json
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 

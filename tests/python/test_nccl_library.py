@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FakeGpus, run_cli, run_python
+from gg_testing.env import FakeGpus
+from gg_testing.procs import run_cli, run_python
 
 SYSTEM_VERSION, WHEEL_VERSION = 22803, 22809
 RPATH_RULE = "libtorch_cuda.so's DT_RPATH entry $ORIGIN/../../nvidia/nccl/lib"

@@ -14,12 +14,19 @@ import sys
 import threading
 import time
 import zlib
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
 import torch.distributed as dist
 
-from conftest import TOPOLOGIES, run_json
+from gg_testing import launch
+from gg_testing.env import scrubbed
+from gg_testing.launch import write
+from gg_testing.paths import TOPOLOGIES
+from gg_testing.ports import free_port
+from gg_testing.procs import wait_until
+
 from gpuguard import DuplicateDeviceError, GpuGuardError, RankMappingError, RendezvousTimeoutError
 from gpuguard.deadline import Deadline
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
@@ -95,7 +102,7 @@ def run_ranks(master, identities: list[RankIdentity], *, namespace: str = "t", t
     def rank(i: int) -> None:
         try:
             start.wait(timeout=120)
-            time.sleep((delays or {}).get(i, 0.0))
+            time.sleep((delays or {}).get(i, 0.0))  # the test's fixed lateness of rank i is its subject
             verdicts[i] = exchange(stores[i], identities[i], namespace=namespace, deadline=Deadline(timeout))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -369,7 +376,7 @@ class SlowAfter(TcpStoreWrapper):
     def add(self, key: str, amount: int) -> int:
         value = self.inner.add(key, amount)
         if key.endswith(self.suffix):
-            time.sleep(self.seconds)
+            time.sleep(self.seconds)  # the stall is the subject: a store call held this long
         return value
 
 
@@ -417,7 +424,7 @@ def test_a_store_whose_server_stops_answering_ends_the_call_by_the_deadline():
         port = int(server.stdout.readline())
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
         os.kill(server.pid, signal.SIGSTOP)
-        time.sleep(0.2)
+        wait_until(lambda: Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T", 10)
         started = time.monotonic()
         with pytest.raises(RendezvousTimeoutError) as info:
             exchange(store, ident(1, 2, 1), namespace="stopped", deadline=Deadline(2))
@@ -553,10 +560,11 @@ def test_a_thousand_ranks_in_one_process_cost_constant_store_operations(master):
 # ---- bind() under a real torchrun ------------------------------------------------------------------------------
 
 TORCHRUN_WORKER = r"""
-import json, os, sys
+import os, sys
 import gpuguard
+from gg_testing.rank import write_result
 
-out, mode = sys.argv[1], sys.argv[2]
+mode = sys.argv[1]
 rank = int(os.environ["RANK"])
 result = {}
 
@@ -582,24 +590,16 @@ if mode == "sequence":
     dist.destroy_process_group()
 else:
     attempt("bind", timeout=float(os.environ.get("BIND_TIMEOUT", "60")))
-with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    json.dump(result, f)
+write_result(result)
 """
 
 
 def torchrun(fake_gpus, tmp_path, topology: str, nproc: int, mode: str, **env: str) -> list[dict[str, Any]]:
-    from test_bind import scrubbed
-
-    script = tmp_path / "worker.py"
-    script.write_text(TORCHRUN_WORKER)
-    out = tmp_path / "out"
-    out.mkdir()
+    script = write(tmp_path, "worker.py", TORCHRUN_WORKER)
     full_env = scrubbed(fake_gpus.env(topology, GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl"), **env))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={nproc}", str(script), str(out), mode],
-                          env=full_env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    job = launch.torchrun(str(script), mode, nproc=nproc, env=full_env, workdir=tmp_path)
+    assert job.returncode == 0, job.stderr[-4000:]
+    return [job.ranks[r] for r in sorted(job.ranks)]
 
 
 @pytest.mark.slow
@@ -650,9 +650,9 @@ def test_torchrun_rank_that_exits_early_is_named_by_the_others(fake_gpus, tmp_pa
 
 
 @pytest.mark.slow
-def test_colocated_groups_in_separate_processes_pass(fake_gpus, master):
+def test_colocated_groups_in_separate_processes_pass(fake_gpus, master, tmp_path):
     """verl-style colocation: an actor group and a critic group of 2 ranks each share two GPUs."""
-    procs = []
+    jobs = []
     for group in ("actor", "critic"):
         for rank in range(2):
             env = fake_gpus.env("h100x4", visible=str(rank), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
@@ -660,51 +660,40 @@ def test_colocated_groups_in_separate_processes_pass(fake_gpus, master):
             code = (f"import datetime, torch.distributed as dist, gpuguard\n"
                     f"s = dist.TCPStore('127.0.0.1', {master.port}, is_master=False)\n"
                     f"print(gpuguard.bind(store=s, timeout=60))\n")
-            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
-    assert sum("group actor" in out for out, _ in outputs) == 2
-    assert sum("group critic" in out for out, _ in outputs) == 2
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+            jobs.append(launch.Job([sys.executable, "-c", code], env, tmp_path, name=f"{group}{rank}"))
+    outputs = [(done.stdout, done.stderr, done.returncode) for done in launch.wait_jobs(jobs, 180)]
+    for out, err, returncode in outputs:
+        assert returncode == 0, err[-3000:]
+    assert sum("group actor" in out for out, _, _ in outputs) == 2
+    assert sum("group critic" in out for out, _, _ in outputs) == 2
 
 
 PLAIN_WORKER = r"""
-import json, torch, torch.distributed as dist, gpuguard
+import torch, torch.distributed as dist, gpuguard
+from gg_testing.rank import write_result
 try:
     b = gpuguard.init_process_group("gloo", bind_timeout=60)
     t = torch.tensor([b.device_index]); dist.all_reduce(t)
-    print(json.dumps({"ok": int(t.item())}))
+    write_result({"ok": int(t.item())})
 except gpuguard.GpuGuardError as e:
-    print(json.dumps({"error": type(e).__name__, "message": str(e)}))
+    write_result({"error": type(e).__name__, "message": str(e)})
 """
 
 
 @pytest.mark.slow
-def test_init_process_group_without_torchrun_meets_through_the_env_store_it_creates(fake_gpus):
+def test_init_process_group_without_torchrun_meets_through_the_env_store_it_creates(fake_gpus, tmp_path):
     """srun/mpirun/plain variables have no store before init_process_group: gpuguard creates the TCPStore
     env:// would (rank 0 serves MASTER_PORT), checks placement through it, then hands it to torch."""
-    from test_bind import scrubbed
-
     results = {}
     for topology in ("h100x1", "h100x4"):
         port = str(free_port())
-        procs = [subprocess.Popen([sys.executable, "-c", PLAIN_WORKER], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True,
-                                  env=dict(scrubbed(fake_gpus.env(topology)), RANK=str(r), LOCAL_RANK=str(r),
-                                           WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-                 for r in range(2)]
-        outs = [p.communicate(timeout=180) for p in procs]
-        results[topology] = [json.loads(out.strip().splitlines()[-1]) if out.strip() else {"stderr": err[-2000:]}
-                             for out, err in outs]
+        jobs = [launch.Job([sys.executable, "-c", PLAIN_WORKER],  # as srun or mpirun starts them: plain variables
+                           dict(scrubbed(fake_gpus.env(topology)), RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port), tmp_path / topology, name=f"rank{r}")
+                for r in range(2)]
+        done = launch.wait_jobs(jobs, 180)
+        ranks = jobs[0].ranks()
+        results[topology] = [ranks.get(r, {"stderr": done[r].stderr[-2000:]}) for r in range(2)]
     one_gpu = results["h100x1"]
     assert {r.get("error") for r in one_gpu} == {"DuplicateDeviceError"}, one_gpu
     assert "2 processes on a host with 1 GPU" in one_gpu[0]["message"]

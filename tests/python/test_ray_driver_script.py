@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pickle
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
-from test_bind import scrubbed
+from gg_testing import launch
+from gg_testing.env import scrubbed
+from gg_testing.paths import ROOT
 
 ray = pytest.importorskip("ray")
 
@@ -23,10 +23,9 @@ SCRIPTS = ROOT / "tests" / "python" / "ray_scripts"
 
 
 @pytest.mark.slow
-def test_a_driver_script_whose_actor_and_task_live_in_main_uses_gpuguard_under_real_ray(fake_gpus):
+def test_a_driver_script_whose_actor_and_task_live_in_main_uses_gpuguard_under_real_ray(fake_gpus, tmp_path):
     env = scrubbed(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
-    proc = subprocess.run([sys.executable, "driver_actor.py"], cwd=str(SCRIPTS), env=env, capture_output=True,
-                          text=True, timeout=400)
+    proc = launch.Job([sys.executable, "driver_actor.py"], env, tmp_path, cwd=str(SCRIPTS)).wait(400)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     assert "cannot pickle" not in out, out[-5000:]

@@ -1,6 +1,6 @@
 """Ray Job Submission as its users do it: a local cluster from `ray start --head` (its own ports, temp folder and
 token), `ray job submit --runtime-env-json ... -- python job.py`, the job (ray_scripts/job.py) never naming
-gpuguard; the cluster is stopped afterwards, also on failure (ray_head.RayHead).
+gpuguard; the cluster is stopped afterwards, also on failure (gg_testing.ray_head.RayHead).
 
 The setup hook, or GPUGUARD=1 in the job's env_vars, reaches the job's workers, and a job whose two ranks Ray
 packs onto one GPU stops with gpuguard's report, shown by `ray job submit` itself.
@@ -13,10 +13,11 @@ from typing import Iterator
 
 import pytest
 
-from conftest import ROOT
-from ray_head import RayHead, free_port, run_logged
-from test_auto import auto_env
-from test_bind import scrubbed
+from gg_testing.env import auto_env, scrubbed
+from gg_testing.paths import ROOT
+from gg_testing.ports import free_port
+from gg_testing.procs import run_logged
+from gg_testing.ray_head import RayHead
 
 pytest.importorskip("ray.dashboard.modules.job.sdk", exc_type=ImportError)  # ray[default]: the Jobs API
 

@@ -11,14 +11,13 @@ the same job on a real GPU, checked at Ray Train's set_device, is tests/python/g
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
-from test_auto import auto_env
-from test_bind import scrubbed
+from gg_testing import launch
+from gg_testing.env import auto_env, scrubbed
+from gg_testing.paths import ROOT
 
 pytest.importorskip("ray.train.torch", exc_type=ImportError)  # ray[train]: pandas, pyarrow
 
@@ -31,9 +30,9 @@ def test_a_trainer_whose_workers_share_a_gpu_stops_every_worker_with_the_ray_tra
     report = tmp_path / "ranks.jsonl"
     env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1", GPUGUARD_JSON_REPORT=str(report)))
     env.pop("GPUGUARD")  # the driver is not switched on: only the workers are, by the runtime_env
-    proc = subprocess.run([sys.executable, "train_packed.py", "--switch", switch, "--workers", "2",
-                           "--gpus-per-worker", "0.5", "--fake-gpus", "1", "--storage", str(tmp_path / "runs")],
-                          cwd=str(SCRIPTS), env=scrubbed(env), capture_output=True, text=True, timeout=400)
+    proc = launch.Job([sys.executable, "train_packed.py", "--switch", switch, "--workers", "2",
+                       "--gpus-per-worker", "0.5", "--fake-gpus", "1", "--storage", str(tmp_path / "runs")],
+                      scrubbed(env), tmp_path, cwd=str(SCRIPTS)).wait(400)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "training finished" not in out and "trained a step" not in out, out[-5000:]
     # what the driver shows: gpuguard's report, raised in a worker at Ray Train's init_process_group

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from gg_testing.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from tcp_store_wire import StoreTimeout, WireStore  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from gg_testing.paths import ROOT
 from gpuguard import errors, supported_versions as sv
 from gpuguard.errors import DuplicateDeviceError, add_note, format_exception
 

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 import gpuguard
-from conftest import USE_PYTHON_CHECKS, no_driver_env, run_json
+from gg_testing.env import no_driver_env
+from gg_testing.procs import USE_PYTHON_CHECKS, run_json
 
 CPU = torch.device("cpu")
 META = torch.device("meta")

@@ -5,15 +5,16 @@ zero-code GPUGUARD_GUARD=1 guards the module given to DDP the same way."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import no_driver_env
-from test_auto import auto_env, free_port, write
+from gg_testing import launch
+from gg_testing.env import auto_env, no_driver_env
+from gg_testing.launch import write
+from gg_testing.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -136,15 +137,11 @@ finish(out)
 
 
 def torchrun(script: Path, tmp_path: Path, env: dict[str, str], *args: str) -> dict[int, dict]:
-    out = tmp_path / "out"
-    out.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend=static",
-         "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script), str(out), *args],
-        env=env, capture_output=True, text=True, timeout=280)
-    ranks = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
-    assert proc.returncode == 0 and sorted(ranks) == [0, 1], proc.stderr[-4000:]
-    return ranks
+    # the script writes rank<N>.json into the folder its first argument names: the job's result folder
+    proc = launch.torchrun(str(script), str(tmp_path / "results"), *args, nproc=2, port=free_port(), env=env,
+                           workdir=tmp_path, timeout=280)
+    assert proc.returncode == 0 and sorted(proc.ranks) == [0, 1], proc.stderr[-4000:]
+    return proc.ranks
 
 
 def assert_compiled_and_stopped_at_trace_time(got: dict, first_layer: str) -> None:

@@ -30,8 +30,8 @@ from typing import Optional
 
 import pytest
 
+from gg_testing.paths import ROOT
 import gpuguard
-from conftest import ROOT
 from gpuguard._libtorch_loader import build_record_name
 
 pytestmark = pytest.mark.follows_torch

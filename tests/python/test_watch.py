@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-from test_bind import scrubbed
+from gg_testing import launch
+from gg_testing.env import auto_env, scrubbed
+from gg_testing.paths import ROOT
+from gg_testing.procs import wait_all, wait_until
 
 pytestmark = pytest.mark.wall_clock
 
@@ -36,12 +38,6 @@ def worker_line(marker: str) -> int:
     raise AssertionError(marker)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Job:
     """One torchrun job running the worker, its output in files: one agent for 4 ranks, or `agents` agents of
     4 / `agents` ranks each, as on that many nodes (an agent whose worker dies leaves the others running)."""
@@ -55,20 +51,13 @@ class Job:
         env = scrubbed({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", **env, "WATCH_DIR": str(self.dir),
                         "GPUGUARD_WATCH_DIR": str(self.dir), "GPUGUARD_FAKE_NCCL_DIR": str(tmp_path / "nccl")})
         args = [str(WORKER), scenario, str(STALL_AFTER), *extra]
-        self.logs = [tmp_path / f"agent{n}.log" for n in range(agents)]
-        self.procs = []
         if agents == 1:
-            commands = [["--standalone", "--nproc_per_node=4"]]
+            self.jobs = [launch.Job(launch.torchrun_argv(*args, nproc=4, prefix=prefix), env, tmp_path,
+                                    name="agent0", cwd=str(ROOT), merge_output=True)]
         else:
-            port = free_port()
-            commands = [[f"--nnodes={agents}", f"--node_rank={n}", f"--nproc_per_node={4 // agents}",
-                         "--rdzv_backend=static",
-                         "--master_addr=127.0.0.1", f"--master_port={port}"] for n in range(agents)]
-        for command, log in zip(commands, self.logs):
-            with open(log, "w") as out:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, *prefix, "-m", "torch.distributed.run", *command, *args], env=env, stdout=out,
-                    stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT)))
+            self.jobs = launch.torchrun_nodes(*args, nodes=agents, nproc=4 // agents, env_of_node=lambda n: env,
+                                              workdir=tmp_path, prefix=prefix, cwd=str(ROOT), merge_output=True)
+        self.procs = [job.proc for job in self.jobs]
 
     def reports(self) -> dict[int, dict]:
         out = {}
@@ -85,9 +74,15 @@ class Job:
             if ranks <= set(got) or all(p.poll() is not None for p in self.procs):
                 break
             time.sleep(0.5)
-        time.sleep(1)  # the last rank's stderr line follows its file
+        # a rank writes its report's file, then prints the report in one write that ends with the file's JSON:
+        # once every file's JSON is in the output, so is every report (bounded: the assertions say what is missing)
+        texts = [p.read_text().strip() for p in self.dir.glob("gpuguard-stall-rank*-pid*.json")]
+        wait_until(lambda: all(text in self.output() for text in texts if text), 10, what=None)
         self.release()
         return self.reports()
+
+    def output(self) -> str:
+        return "\n".join(job.stdout() for job in self.jobs)
 
     def release(self) -> None:
         """Ends the stuck rank's hold (watch_worker.until_released) where it has one: the reports are in, the job
@@ -98,32 +93,12 @@ class Job:
             pass
 
     def end(self, timeout: float = 60) -> str:
-        """Lets a job that finishes on its own finish; kills one that does not. Returns the output."""
-        deadline = time.monotonic() + timeout
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        self.kill_workers()
-        return "\n".join(log.read_text() for log in self.logs)
-
-    def kill_workers(self) -> None:
-        """torchrun starts each worker in a session of its own: a worker its killed agent leaves behind (a stopped
-        or hung rank) is found by this job's WATCH_DIR in its environment and killed too."""
-        marker = f"WATCH_DIR={self.dir}".encode()
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                if marker in (proc / "environ").read_bytes().split(b"\0"):
-                    os.kill(int(proc.name), signal.SIGKILL)
-            except (OSError, ValueError):
-                continue
+        """Lets a job that finishes on its own finish; kills one that does not, with the workers a killed agent
+        leaves behind (a stopped or hung rank). Returns the output."""
+        wait_all(self.procs, timeout)
+        for job in self.jobs:
+            job.kill()
+        return self.output()
 
     def stall_start(self, name: str = "stall_start") -> float:
         return float((self.dir / name).read_text())
@@ -288,7 +263,6 @@ def test_without_the_flight_recorder_the_wrappers_see_an_async_all_reduce_and_sa
 
 @pytest.mark.slow
 def test_gpuguard_run_with_gpuguard_watch_takes_the_same_path(fake_gpus, tmp_path):
-    from test_auto import auto_env
     env = auto_env(fake_gpus.env("h100x4"), GPUGUARD_WATCH="1", GPUGUARD_STALL_AFTER=str(STALL_AFTER))
     env.pop("GPUGUARD")  # `gpuguard run` sets it
     job = Job("async_wait", tmp_path, env, prefix=("-m", "gpuguard", "run", "--", sys.executable))
@@ -493,7 +467,7 @@ server = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
 os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 dist.init_process_group("gloo", store=server, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
 w = gpuguard.watch(store=server, tick=0.2, report_dir=sys.argv[1])
-time.sleep(1.0)
+time.sleep(1.0)  # fixed on purpose: 5 ticks with no collective, in which the answerer must answer nothing
 before = w._sites.answered
 dist.all_reduce(torch.ones(2))
 deadline = time.monotonic() + 30

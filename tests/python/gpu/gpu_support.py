@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from gg_testing import launch
+from gg_testing.launch import read_results  # noqa: F401  (the suite's tests read a results folder with it)
+from gg_testing.rank import RESULTS_VARIABLE  # noqa: F401  (the variable naming a job's results folder)
+
 SMI_FIELDS = ("index", "uuid", "pci.bus_id", "name", "memory.total", "driver_version")
 
-#: The folder a job's ranks write their results to, one file each (rank<RANK>.json); run_job sets it.
-RESULTS_VARIABLE = "GPUGUARD_TEST_RESULTS"
 
 #: Put at the top of a worker script: report_result(**fields) writes this rank's result as JSON to its own file,
 #: atomically (a temporary file, then os.replace), so that ranks printing at the same time cannot corrupt it
@@ -29,7 +31,7 @@ REPORT_RESULT = r'''
 def report_result(**fields):
     import json as _json, os as _os
     _rank = int(_os.environ.get("RANK", "0"))
-    _path = _os.path.join(_os.environ["GPUGUARD_TEST_RESULTS"], f"rank{_rank}.json")
+    _path = _os.path.join(_os.environ["GG_TEST_RESULTS"], f"rank{_rank}.json")
     _tmp = f"{_path}.{_os.getpid()}.tmp"
     with open(_tmp, "w") as _f:
         _json.dump({"rank": _rank, **fields}, _f)
@@ -75,36 +77,18 @@ class Job:
     results: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-def read_results(folder: Path) -> dict[int, dict[str, Any]]:
-    """rank -> the result that rank wrote to folder/rank<RANK>.json (temporary files of a write cut short are
-    left out: os.replace makes a result appear whole or not at all)."""
-    found: dict[int, dict[str, Any]] = {}
-    for path in sorted(folder.glob("rank*.json")):
-        match = re.fullmatch(r"rank(\d+)\.json", path.name)
-        if match:
-            found[int(match.group(1))] = json.loads(path.read_text())
-    return found
-
-
 def run_job(argv: list[str], env: dict[str, str], timeout: float) -> Job:
-    """Runs a launcher in its own process group, its ranks' results going to a fresh folder (RESULTS_VARIABLE);
-    on timeout kills the whole group."""
-    results = Path(tempfile.mkdtemp(prefix="gpuguard-results-"))
-    env = dict(env, **{RESULTS_VARIABLE: str(results)})
-    start = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    """Runs a launcher through the test-support package's one launcher (tests/gg_testing: its own session, its
+    ranks' results in a fresh folder named by RESULTS_VARIABLE, the whole job killed at ``timeout``)."""
+    workdir = Path(tempfile.mkdtemp(prefix="gpuguard-gpu-job-"))
     try:
-        output, _ = proc.communicate(timeout=timeout)
-        returncode: Optional[int] = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        returncode = None
-    try:
-        return Job(returncode, output, time.monotonic() - start, read_results(results))
+        start = time.monotonic()
+        finished = launch.Job(argv, env, workdir, merge_output=True).wait(timeout)
+        seconds = time.monotonic() - start
+        timed_out = seconds >= timeout
+        return Job(None if timed_out else finished.returncode, finished.output, seconds, finished.ranks)
     finally:
-        shutil.rmtree(results, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def torchrun(script: Path, nproc: int, env: dict[str, str], timeout: float, *args: str) -> Job:

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from .conftest import ROOT
+from gg_testing.paths import ROOT
 from .gpu_support import torchrun, worker
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

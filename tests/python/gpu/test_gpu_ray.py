@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from .conftest import ROOT
+from gg_testing.paths import ROOT
 from .gpu_support import run_job
 
 # find_spec, not an import: importing Ray costs seconds to a minute, at every collection (the dry run's, CI's)

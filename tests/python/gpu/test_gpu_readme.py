@@ -7,7 +7,8 @@ import os
 import pytest
 
 from documented_usage import command_shim, gpu_setup_for, readme_blocks, write_program
-from ray_head import free_port, run_logged
+from gg_testing.ports import free_port
+from gg_testing.procs import run_logged
 
 GPU_BLOCKS = [b for b in readme_blocks() if b.kind == "gpu"]
 

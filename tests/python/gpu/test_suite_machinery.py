@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .acceptance_report import merge, table
-from .conftest import ROOT
+from gg_testing.paths import ROOT
 from .gpu_support import nccl_lines, read_results, torchrun, worker
 
 # ---- each rank's result in a file of its own ---------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A local Ray cluster of the tests' own, started as users start one (`ray start --head`) and always stopped.
 
-Its ports (below the kernel's ephemeral range, see cluster_port()), temp folder and auth token are its own, so it
-never meets another Ray on the machine. Stopping it ends exactly the processes of this cluster, never `ray stop`,
+Its ports (gg_testing.ports.free_port: below the kernel's ephemeral range), temp folder and auth token are its
+own, so it never meets another Ray on the machine. Stopping it ends exactly the processes of this cluster, never `ray stop`,
 which would end every Ray on the machine: each of them inherited a variable naming this cluster (Ray renames its
 workers' command lines, not their environment). Drivers join it with ``ray.init()`` through ``env()`` (RAY_ADDRESS), and jobs are
 submitted to ``dashboard_url`` with ``ray job submit``.
@@ -13,57 +13,19 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
+from .ports import free_port
 
 #: Set in the environment of `ray start`, so every process of the cluster (and every driver joining it) has it.
 MARK = "GPUGUARD_TEST_RAY_CLUSTER"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-#: Ports this process handed to a cluster: never handed out twice.
-_taken: set[int] = set()
 #: How many times start() tries again, with other ports, when one was taken between choosing and binding.
 START_TRIES = 3
 #: What `ray start` prints when a port it was given is taken: at its own check, and when binding it after that.
 PORT_TAKEN = ("already occupied", "address already in use")
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
-def cluster_port() -> int:
-    """A port free now and below the kernel's ephemeral range. A port free_port() finds lies inside that range,
-    where any process binding port 0 (Ray's own servers start a dozen) may take it before Ray binds it: CI once
-    saw the dashboard fail with "address already in use" that way. Below the range only a fixed choice can."""
-    low, _ = _ephemeral_range()
-    for _ in range(1000):
-        port = secrets.randbelow(max(1, low - 20000)) + 20000
-        if port in _taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _taken.add(port)
-        return port
-    raise RuntimeError(f"no free port between 20000 and {low} for the test's Ray cluster")
 
 
 class RayHead:
@@ -81,18 +43,18 @@ class RayHead:
         self._choose_ports()
 
     def _choose_ports(self) -> None:
-        self.port = cluster_port()
-        self.dashboard_port = cluster_port()
+        self.port = free_port()
+        self.dashboard_port = free_port()
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self._env["RAY_ADDRESS"] = f"127.0.0.1:{self.port}"
         self._args = [
             "ray", "start", "--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
             f"--temp-dir={self.temp_dir}", f"--num-gpus={self._num_gpus}", f"--num-cpus={self._num_cpus}",
             "--object-store-memory=100000000", "--disable-usage-stats",
-            f"--ray-client-server-port={cluster_port()}", f"--node-manager-port={cluster_port()}",
-            f"--object-manager-port={cluster_port()}", f"--runtime-env-agent-port={cluster_port()}",
-            f"--metrics-export-port={cluster_port()}", f"--dashboard-agent-listen-port={cluster_port()}",
-            f"--dashboard-agent-grpc-port={cluster_port()}"]
+            f"--ray-client-server-port={free_port()}", f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}"]
         if self._dashboard:  # the Jobs API lives in the dashboard
             self._args += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
                            f"--dashboard-port={self.dashboard_port}"]
@@ -170,16 +132,3 @@ class RayHead:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def run_logged(argv: list[str], env: dict[str, str], timeout: float,
-               cwd: Optional[str] = None) -> subprocess.CompletedProcess[str]:
-    """Runs a command in its own process group, killed whole on timeout; stdout and stderr together."""
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        out += f"\n[killed after {timeout:g} s]"
-    return subprocess.CompletedProcess(argv, proc.returncode, out, None)

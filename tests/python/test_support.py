@@ -1,0 +1,125 @@
+"""The test-support package (tests/gg_testing) on what broke before it: results of ranks that write at once,
+ranks left running when their torchrun agent was killed, folders left in /tmp, and ports two test processes
+chose alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gg_testing import launch
+from gg_testing.env import scrubbed
+from gg_testing.ports import ephemeral_range, free_port, worker_slice
+from gg_testing.procs import JOB_MARK, alive, marked, run_json, wait_until
+
+# Two ranks each rewrite their result 200 times, 256 KiB apiece (far above PIPE_BUF, so a shared pipe would
+# split them), while printing the same to the stdout they share: what the test reads must still be whole.
+CONCURRENT_WRITER = r"""
+import os, sys
+from gg_testing.rank import write_result
+rank = int(os.environ["RANK"])
+for i in range(200):
+    write_result({"rank": rank, "round": i, "pad": str(rank) * 262144})
+    sys.stdout.write(f"rank {rank} round {i} " + str(rank) * 8192 + "\n")
+"""
+
+
+def test_results_of_ranks_writing_at_once_are_each_read_whole(tmp_path):
+    env = scrubbed(dict(os.environ))
+    jobs = [launch.Job([sys.executable, "-c", CONCURRENT_WRITER], dict(env, RANK=str(r)), tmp_path,
+                       name=f"rank{r}", results=tmp_path / "results") for r in range(2)]
+    reads = 0
+    while any(job.poll() is None for job in jobs):  # read while they write: never a half-written document
+        for rank, doc in launch.read_results(tmp_path / "results").items():
+            assert doc["rank"] == rank and doc["pad"] == str(rank) * 262144
+            reads += 1
+    done = launch.wait_jobs(jobs, 120)
+    assert [d.returncode for d in done] == [0, 0], [d.tail() for d in done]
+    ranks = jobs[0].ranks()
+    assert sorted(ranks) == [0, 1]
+    assert all(ranks[r]["round"] == 199 and ranks[r]["pad"] == str(r) * 262144 for r in (0, 1))
+    assert not list((tmp_path / "results").glob("*.partial")), "a partial result was left behind"
+    assert reads > 0  # the reader did run while the ranks wrote
+
+
+RANK_THAT_HANGS = r"""
+import os, signal
+from gg_testing.rank import write_result
+write_result({"pid": os.getpid(), "session": os.getsid(0)})
+signal.pause()  # a hung rank: only a signal ends it
+"""
+
+
+@pytest.mark.slow
+def test_killing_a_torchrun_job_ends_its_ranks_even_those_its_agent_left_behind(tmp_path):
+    script = launch.write(tmp_path, "hang.py", RANK_THAT_HANGS)
+    job = launch.Job(launch.torchrun_argv(str(script), nproc=2), scrubbed(dict(os.environ)), tmp_path)
+    wait_until(lambda: len(job.ranks()) == 2 or job.poll() is not None, 120, what="both ranks' results")
+    ranks = job.ranks()
+    assert sorted(ranks) == [0, 1], job.stderr()[-3000:]
+    pids = [ranks[r]["pid"] for r in (0, 1)]
+    assert all(alive(pid) for pid in pids)
+    # first what a test did before: kill the agent's process group, no more; the ranks it started in sessions
+    # of their own outlive it where torch does so
+    os.killpg(job.pid, signal.SIGKILL)
+    job.proc.wait()
+    job.kill()
+    assert not [pid for pid in pids if alive(pid)], "a rank outlived its killed agent and the job's end"
+
+
+def test_a_job_past_its_timeout_is_ended_whole_and_says_so(tmp_path):
+    code = ("import signal, subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'], start_new_session=True)\n"
+            "print('started', flush=True)\n"
+            "signal.pause()\n")
+    job = launch.Job([sys.executable, "-c", code], scrubbed(dict(os.environ)), tmp_path)
+    wait_until(lambda: "started" in job.stdout(), 60, what="the job's start")
+    children = marked(JOB_MARK, job.mark)
+    assert len(children) == 2  # the job and the child it started in a session of its own
+    done = job.wait(timeout=0.5)  # the timeout is the subject: the job never ends by itself
+    assert done.returncode == -9
+    assert "[gg_testing: killed after 0.5 s]" in done.stderr
+    assert not [pid for pid in children if alive(pid)]
+
+
+def tmp_entries() -> set[str]:
+    # gg-ray-*: a Ray cluster of another test (another xdist worker) keeps its folder in /tmp while it runs, by
+    # design (socket paths under 108 bytes), and removes it at its end; that is not this test's to count
+    return {name for name in os.listdir("/tmp") if re.match(r"(gg|gpuguard)[-_]", name)
+            and not name.startswith("gg-ray-")}
+
+
+@pytest.mark.slow
+def test_fake_gpu_jobs_leave_nothing_in_tmp(fake_gpus, tmp_path):
+    before = tmp_entries()
+    # the fake driver, NVML and NCCL under torchrun, each rank's output in its own file
+    done = launch.torchrun("-m", "gpuguard", "check", "--verify-nccl", "--json", "--timeout", "30", nproc=2,
+                           env=scrubbed(fake_gpus.env("h100x4")), workdir=tmp_path, logs=True)
+    ranks = launch.rank_json(done)
+    assert sorted(ranks) == [0, 1] and all(ranks[r]["ok"] for r in (0, 1)), done.tail()
+    got = run_json("import json, gpuguard; print(json.dumps(len(gpuguard.devices())))", fake_gpus.env("h100x4"))
+    assert got == 4
+    assert tmp_entries() - before == set()
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_apart_per_xdist_worker():
+    low, _ = ephemeral_range()
+    ports = {free_port() for _ in range(50)}
+    assert len(ports) == 50 and all(p < low for p in ports)
+    probe = "import json; from gg_testing.ports import worker_slice; print(json.dumps(worker_slice()))"
+    slices = []
+    for worker in ("gw0", "gw1", "gw2"):
+        env = dict(os.environ, PYTEST_XDIST_WORKER=worker, PYTEST_XDIST_WORKER_COUNT="3",
+                   PYTHONPATH=str(Path(launch.__file__).parents[1]))
+        slices.append(json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                                text=True, check=True).stdout))
+    assert slices[0][1] <= slices[1][0] and slices[1][1] <= slices[2][0], slices
+    assert slices[2][1] <= low
+    assert worker_slice()[0] <= min(ports) and max(ports) < worker_slice()[1]
