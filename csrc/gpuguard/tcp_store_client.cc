@@ -71,7 +71,9 @@ std::string errno_name(int err) {
   return "errno";
 }
 
-std::string quoted(std::string_view s) {
+// Not named `quoted`: with a std::string argument, argument-dependent lookup also finds std::quoted (<iomanip>,
+// which GCC 13's headers include on the way), an exact match that would win over this string_view overload.
+std::string escaped_in_quotes(std::string_view s) {
   constexpr std::size_t kShown = 120;
   std::string out = "'";
   for (std::size_t i = 0; i < s.size() && i < kShown; ++i) {
@@ -92,7 +94,7 @@ std::string quoted(std::string_view s) {
 std::string quoted_keys(const std::vector<std::string>& keys) {
   constexpr std::size_t kShown = 4;
   std::string out = keys.size() == 1 ? "key " : "keys ";
-  for (std::size_t i = 0; i < keys.size() && i < kShown; ++i) out += (i ? ", " : "") + quoted(keys[i]);
+  for (std::size_t i = 0; i < keys.size() && i < kShown; ++i) out += (i ? ", " : "") + escaped_in_quotes(keys[i]);
   if (keys.size() > kShown) out += " and " + std::to_string(keys.size() - kShown) + " more";
   return out;
 }
@@ -201,8 +203,8 @@ Status TcpStoreClient::check_sizes(const std::string& op, std::string_view key, 
                       GPUGUARD_WHERE);
   if (value.size() > kMaxValueBytes)
     return call_error(kLibrary, op, 0, "",
-                      "value of " + std::to_string(value.size()) + " bytes for " + quoted(key) + " at the store at " +
-                          address_ + ": a TCPStore server (libuv) accepts values up to 8 MiB",
+                      "value of " + std::to_string(value.size()) + " bytes for " + escaped_in_quotes(key) +
+                          " at the store at " + address_ + ": a TCPStore server (libuv) accepts values up to 8 MiB",
                       GPUGUARD_WHERE);
   return ok_status();
 }

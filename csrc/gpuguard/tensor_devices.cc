@@ -100,7 +100,9 @@ std::string plural(std::size_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
 
-std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+// The text as a Python string literal. Not named `quoted`: std::quoted would compete for a std::string argument
+// through argument-dependent lookup.
+std::string py_str(const std::string& s) { return "\"" + s + "\""; }
 
 std::string join(const std::vector<std::string>& items, const std::string& sep, std::size_t limit) {
   std::string out;
@@ -172,14 +174,14 @@ std::string move_stray_parts(const std::vector<DeviceGroup>& groups, const c10::
     });
     if (!inside) top.push_back(o);
   }
-  const std::string to = ".to(" + quoted(device_name(home)) + ")";
+  const std::string to = ".to(" + py_str(device_name(home)) + ")";
   if (root_owned || top.empty() || top.size() > 3) {
     return "each part listed above on another device to " + device_name(home) + " (a submodule with "
            "model.get_submodule(name)" + to + ")";
   }
   std::string out;
   for (std::size_t i = 0; i < top.size(); ++i) out += (i ? "; " : "") + std::string("model.get_submodule(") +
-                                                       quoted(top[i]) + ")" + to;
+                                                       py_str(top[i]) + ")" + to;
   return out;
 }
 
@@ -216,7 +218,7 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
   Advice a;
   // ---- one layer under guard(deep=True): its own weights against its inputs
   if (!ctx.layer.empty()) {
-    const std::string layer = "model.get_submodule(" + quoted(ctx.layer) + ")";
+    const std::string layer = "model.get_submodule(" + py_str(ctx.layer) + ")";
     if (module_devices.size() > 1) {
       a.cause = "Likely cause: the layer's own parameters and buffers are split across devices (part of it was "
                 "moved or loaded on its own).";
@@ -228,7 +230,7 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
           break;
         }
       }
-      a.fix = "Fix: keep the layer in one piece: " + layer + ".to(" + quoted(to) + ").";
+      a.fix = "Fix: keep the layer in one piece: " + layer + ".to(" + py_str(to) + ").";
       return a;
     }
     if (model.empty()) {  // the rest of the model is not known (it was freed, or a hook made on its own)
@@ -236,8 +238,8 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
                 "caller) and nothing moves it to " + home_name + " before '" + ctx.layer + "'; or '" + ctx.layer +
                 "' alone was placed on " + home_name + ".";
       a.fix = "Fix: if the model is split across devices on purpose, move the activation in the parent's forward "
-              "before calling this layer: " + move_var + quoted(home_name) + "); otherwise put the layer with the "
-              "rest: " + layer + ".to(" + quoted(other_name) + ").";
+              "before calling this layer: " + move_var + py_str(home_name) + "); otherwise put the layer with the "
+              "rest: " + layer + ".to(" + py_str(other_name) + ").";
       return a;
     }
     const bool input_on_model = other && std::find(model.begin(), model.end(), *other) != model.end();
@@ -246,7 +248,7 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
         a.cause = "Likely cause: the inputs were put on " + other_name + " by the caller, but the whole model is on " +
                   home_name + " (for example moved by hand to a GPU of your choosing while a framework placed the "
                   "model on another).";
-        a.fix = "Fix: move the inputs to the model's device before calling it: " + move_var + quoted(home_name) +
+        a.fix = "Fix: move the inputs to the model's device before calling it: " + move_var + py_str(home_name) +
                 "), or " + var + ".to(next(model.parameters()).device).";
         return a;
       }
@@ -256,13 +258,13 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
                         return join(n, ", ", 8); }() +
                   "), " + first_param + " on " + first + ", but the inputs were put on " + other_name + " by hand.";
         a.fix = "Fix: leave placement to whatever split the model and put the inputs where its first parameter "
-                "is: " + move_var + quoted(first) + ") (next(model.parameters()).device); do not move the whole "
+                "is: " + move_var + py_str(first) + ") (next(model.parameters()).device); do not move the whole "
                 "model to one device. If the split was not wanted: " + kOneGpu + ".";
         return a;
       }
       a.cause = "Likely cause: the model is placed across devices and its forward hands the input '" + var +
                 "' from its caller to '" + ctx.layer + "' on " + home_name + " as it is, on " + other_name + ".";
-      a.fix = "Fix: move it in the parent's forward before calling this layer: " + move_var + quoted(home_name) +
+      a.fix = "Fix: move it in the parent's forward before calling this layer: " + move_var + py_str(home_name) +
               ") (a framework's device map does this for the layers it places); do not move the whole model to "
               "one device.";
       return a;
@@ -273,12 +275,12 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
         a.cause = "Likely cause: this input was made inside the model's forward on the CPU (a tensor created "
                   "without device=, or a .cpu()), while the whole model is on " + home_name + ".";
         a.fix = "Fix: create it on the device of the tensors it meets, e.g. torch.arange(n, device=" + var +
-                ".device), or " + move_var + quoted(home_name) + ") in the forward; keep constant tensors as "
+                ".device), or " + move_var + py_str(home_name) + ") in the forward; keep constant tensors as "
                 "buffers (register_buffer) so that they move with the model.";
         return a;
       }
       a.cause = "Likely cause: the model moves this activation to " + other_name + " itself (a .to(" +
-                quoted(other_name) + ") in its forward, or a framework's hooks placing its layers by a device map), "
+                py_str(other_name) + ") in its forward, or a framework's hooks placing its layers by a device map), "
                 "so it expects its layers spread over devices, but all of its parameters and buffers are on " +
                 home_name + ": the whole model was moved to one device (model.to()) after it was placed.";
       a.fix = "Fix: leave placement to the framework: do not move a model it placed (load it again with its device "
@@ -290,20 +292,20 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
       a.cause = "Likely cause: this input was made inside the model's forward on " + other_name + ", where none of "
                 "the model is (a tensor created without device=, or moved by a hard-coded .to()).";
       a.fix = "Fix: create it on the device of the tensors it meets, e.g. torch.arange(n, device=" + var +
-              ".device), or " + move_var + quoted(home_name) + ") in the forward; keep constant tensors as buffers "
+              ".device), or " + move_var + py_str(home_name) + ") in the forward; keep constant tensors as buffers "
               "(register_buffer) so that they move with the model.";
       return a;
     }
     if (ctx.others_on_layer_device == 0) {
       a.cause = "Likely cause: '" + ctx.layer + "' alone was placed on " + home_name + ": the layers before it ran on " +
                 other_name + " and no other part of the model is on " + home_name + ".";
-      a.fix = "Fix: put the layer with the layers before it: " + layer + ".to(" + quoted(other_name) + ").";
+      a.fix = "Fix: put the layer with the layers before it: " + layer + ".to(" + py_str(other_name) + ").";
       return a;
     }
     a.cause = "Likely cause: the model is split across devices and the part on " + home_name + " starts at '" +
               ctx.layer + "', but nothing moves the activation from " + other_name + " to " + home_name +
               " before it.";
-    a.fix = "Fix: move it in the parent's forward before calling this layer: " + move_var + quoted(home_name) +
+    a.fix = "Fix: move it in the parent's forward before calling this layer: " + move_var + py_str(home_name) +
             "), or let the framework that splits the model place it (its device map moves activations between "
             "devices); do not move the whole model or this layer.";
     return a;
@@ -323,7 +325,7 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
               "load_state_dict(assign=True) with tensors from another device).";
     std::string fix = "Fix: if the split is deliberate, leave placement to the framework: ";
     if (!any_input || !inputs_on_first) {
-      fix += "put the inputs where " + first_param + " is: " + move_var + quoted(first) + ") "
+      fix += "put the inputs where " + first_param + " is: " + move_var + py_str(first) + ") "
              "(next(model.parameters()).device); ";
     } else {
       fix += "the inputs are already where " + first_param + " is, on " + first + "; ";
@@ -341,23 +343,23 @@ Advice cause_and_fix(const std::vector<DeviceGroup>& groups, const CheckContext&
     for (const auto& g : groups) {
       if (g.device == home) continue;
       if (!g.parameters.empty() || !g.buffers.empty()) {
-        fix += " model.to(" + quoted(home_name) + ")";
+        fix += " model.to(" + py_str(home_name) + ")";
         any = true;
         break;
       }
     }
-    if (!first_input.empty()) fix += std::string(any ? ";" : "") + " " + move_var + quoted(home_name) + ")";
+    if (!first_input.empty()) fix += std::string(any ? ";" : "") + " " + move_var + py_str(home_name) + ")";
     a.fix = fix + ".";
     return a;
   }
   if (has_module) {
     a.cause = "Likely cause: the inputs were put on a different device than the model (for example moved by hand to "
               "a GPU of your choosing while a framework placed the model on another).";
-    a.fix = "Fix: move the inputs to the model's device: " + move_var + quoted(home_name) + "), or take the device "
+    a.fix = "Fix: move the inputs to the model's device: " + move_var + py_str(home_name) + "), or take the device "
             "from the model: " + var + ".to(next(model.parameters()).device).";
     return a;
   }
-  a.fix = "Fix: move the tensors to one device, e.g. " + move_var + quoted(home_name) + ").";
+  a.fix = "Fix: move the tensors to one device, e.g. " + move_var + py_str(home_name) + ").";
   return a;
 }
 }  // namespace

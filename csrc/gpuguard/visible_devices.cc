@@ -48,10 +48,11 @@ bool mig_shaped(const std::string& body) {
   return true;
 }
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
+// Not `quoted`: std::quoted would compete for a std::string argument through argument-dependent lookup.
+std::string in_single_quotes(const std::string& s) { return "'" + s + "'"; }
 
 std::string entry_label(int position, const std::string& text) {
-  return "entry " + std::to_string(position + 1) + " (" + quoted(text) + ")";
+  return "entry " + std::to_string(position + 1) + " (" + in_single_quotes(text) + ")";
 }
 
 // Whether two UUID entries would resolve to the same GPU: one is a prefix of the other.
