@@ -17,6 +17,8 @@ command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v g++ >/dev/null || need_apt+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 command -v clang++ >/dev/null || need_apt+=(clang)
+# clang's libc++ (scripts/build_toolchains.sh clang-libc++: the second standard library CI builds with)
+dpkg -s libc++-dev libc++abi-dev >/dev/null 2>&1 || need_apt+=(libc++-dev libc++abi-dev)
 command -v ccache >/dev/null || need_apt+=(ccache)
 # the real-cluster tests (tests/cluster): SLURM, munge, Open MPI, MPICH, and ip for the namespaces' links
 command -v slurmd >/dev/null || need_apt+=(slurm-wlm)
