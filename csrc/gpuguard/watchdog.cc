@@ -391,6 +391,7 @@ void Watchdog::run() {
   while (sleep_for(options_.tick_s)) {
     try {
       tick();
+      ticks_ += 1;
       failures = 0;
     } catch (const std::exception& e) {
       if (stopping_) return;

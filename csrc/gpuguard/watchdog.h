@@ -103,6 +103,8 @@ class Watchdog {
   void stop();
   double stall_threshold_s() const;
   std::uint64_t store_ops() const { return store_ops_.load(); }
+  // Checks completed since the start (the first comes one tick after it: what start-up is measured to)
+  std::uint64_t ticks() const { return ticks_.load(); }
   // Healthy ticks answered by the node's relay page instead of the store; ticks that had to ask the store
   // because the page was missing, another epoch's, or older than relay_max_age_s().
   std::uint64_t relayed_ticks() const { return relayed_ticks_.load(); }
@@ -164,7 +166,7 @@ class Watchdog {
   bool sites_warmed_ = false;         // the watchdog's thread's own
   std::uint64_t epoch_ = 0;
   std::string last_report_json_;
-  std::atomic<std::uint64_t> store_ops_{0}, reports_{0}, relayed_ticks_{0}, unrelayed_ticks_{0};
+  std::atomic<std::uint64_t> store_ops_{0}, reports_{0}, relayed_ticks_{0}, unrelayed_ticks_{0}, ticks_{0};
   std::mutex wake_mutex_;
   std::condition_variable wake_;
   std::atomic<bool> stopping_{false};

@@ -171,6 +171,7 @@ void bind_watchdog(py::module_& m) {
       .def("stop", &Watchdog::stop, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("stall_threshold_s", &Watchdog::stall_threshold_s)
       .def_property_readonly("store_ops", &Watchdog::store_ops)
+      .def_property_readonly("ticks", &Watchdog::ticks)
       .def_property_readonly("reports", &Watchdog::reports)
       .def_property_readonly("relayed_ticks", &Watchdog::relayed_ticks)
       .def_property_readonly("unrelayed_ticks", &Watchdog::unrelayed_ticks)

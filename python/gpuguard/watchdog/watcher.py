@@ -261,6 +261,11 @@ class Watch:
         return self._dog.store_ops if self._dog is not None else 0
 
     @property
+    def ticks(self) -> int:
+        """Checks the watchdog's thread has completed (its first comes one tick after the start)."""
+        return self._dog.ticks if self._dog is not None else 0
+
+    @property
     def reports(self) -> int:
         return self._dog.reports if self._dog is not None else 0
 
