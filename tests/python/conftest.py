@@ -43,3 +43,19 @@ def tensor_checks_impl(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     implementation = _libtorch_loader.libtorch() if request.param == "C++" else _python_checks
     monkeypatch.setattr(_libtorch_loader, "_checks", implementation)
     return str(request.param)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """torch's FakeTensorMode, for models placed across GPUs this machine does not have. Without a GPU, torch 2.6
+    reaches the CUDA runtime for fake CUDA tensors in two places: random initialisation asks for a generator ("CUDA
+    driver version is insufficient"), and autograd's AccumulateGrad asks for the current stream (an exception inside
+    noexcept code: the process aborts). So layers start at zero and the forwards record no graph: the tests that use
+    it are about devices only."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for name in ("uniform_", "normal_"):
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *args, **kwargs: self.zero_())
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        yield mode

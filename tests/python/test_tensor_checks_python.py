@@ -15,7 +15,6 @@ from typing import Any, Callable
 import pytest
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gpuguard
 from gpuguard import _libtorch_loader, _python_checks
@@ -164,15 +163,6 @@ def test_the_python_checks_answer_as_the_compiled_ones(case, monkeypatch):
 
 
 # ---- placed across GPUs (FakeTensorMode), whole models and guard(deep=True) layer by layer ----------------------
-
-@pytest.fixture
-def fake(monkeypatch):
-    # as in test_tensor_devices_advice.py: no random initialisation and no autograd for fake CUDA tensors
-    for name in ("uniform_", "normal_"):
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *args, **kwargs: self.zero_())
-    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        yield mode
-
 
 class Decoder(nn.Module):
     def __init__(self, placement: dict[str, str], device: str = "cuda:0", make_on: str = "",
