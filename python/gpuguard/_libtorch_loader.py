@@ -107,7 +107,7 @@ def tensor_checks() -> ModuleType:
         from .errors import GpuGuardWarning
 
         _checks = _python_checks
-        warnings.warn(GpuGuardWarning(fallback_warning(str(exc))), stacklevel=3)
+        warnings.warn(fallback_warning(str(exc)), GpuGuardWarning, stacklevel=3)
     return _checks
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-from test_bind import scrubbed
+from gg_testing.env import scrubbed
+from gg_testing.launch import torchrun
+from gg_testing.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "cmake"))
 import check_module_exports  # noqa: E402
@@ -52,11 +53,10 @@ def test_bind_torch_iostreams_and_a_stall_report_run_in_one_process(fake_gpus, t
     reports.mkdir()
     env = scrubbed(fake_gpus.env("h100x8", GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl"), PYTHONPATH=SITE,
                                  WATCH_DIR=str(reports), TORCH_NCCL_TRACE_BUFFER_SIZE="2000"))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(WORKER), "3"], env=env, capture_output=True, text=True, timeout=280, cwd=tmp_path)
-    output = proc.stdout + proc.stderr
+    job = torchrun(str(WORKER), "3", nproc=2, env=env, workdir=tmp_path / "job", timeout=280)
+    output = job.output
     died = [line for line in output.splitlines() if "Signal" in line or "SIGSEGV" in line or "exitcode" in line]
-    assert proc.returncode == 0, f"the job failed ({proc.returncode}): {died}\n{output[-6000:]}"
+    assert job.returncode == 0, f"the job failed ({job.returncode}): {died}\n{output[-6000:]}"
     for rank in (0, 1):
         assert f"gpuguard: rank {rank}/2 local {rank}/2 node 0 -> cuda:{rank}" in output, output[-6000:]
         assert f"rank {rank}: done, 1 reports" in output, output[-6000:]
