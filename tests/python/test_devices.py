@@ -155,7 +155,7 @@ def test_a_different_torch_moves_only_the_tensor_checks_to_python_naming_both_ve
         gpuguard.assert_same_device(torch.ones(1))  # the first tensor check names both versions, then runs in Python
         gpuguard.assert_same_device(torch.ones(1), torch.zeros(2))  # and warns once
         print("checked")
-    """, no_driver_env(), check=False)
+    """, no_driver_env(), timeout=280, check=False)  # the Python checks import torch's compile machinery: slow on loaded cores
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[]", "cpu", "checked"]
     assert proc.stderr.count("gpuguard was built for PyTorch 2.") == 1, proc.stderr  # once, for every check
