@@ -764,6 +764,21 @@ def check_call(module: Any, args: Any, kwargs: Any, expected: Optional[torch.dev
         return _report_or_raise(module, True, args, kwargs, context, labels_fn)
 
 
+def _hook_check(module: Any, whole_tree: bool, args: Any, kwargs: Any, context: Callable[[], "_Context"],
+                call: Optional["_DeepCall"] = None) -> None:
+    """One pre-hook's check: the module's tensors (the whole tree, or its own) against the call's inputs; the report
+    (its context made only then) when they disagree."""
+    if checks_disabled():
+        return
+    with torch._C.DisableTorchFunctionSubclass():
+        agreement = _Agreement()
+        for _, _, t in _module_tensors(module, whole_tree, False):
+            agreement.add(t)
+        _call_devices(args, kwargs, agreement)
+        if not agreement.agree:
+            _report_or_raise(module, whole_tree, args, kwargs, context(), _forward_labels(module), call)
+
+
 class _ForwardGuard:
     """guard(module)'s forward pre-hook (with_kwargs=True): the whole tree against the call's inputs. Walks the tree
     on every call (the C++ keeps a snapshot that dict watchers invalidate; Python has no such cheap signal)."""
@@ -771,18 +786,7 @@ class _ForwardGuard:
     __name__ = "gpuguard_forward_check"
 
     def __call__(self, module: Any, args: Any, kwargs: Any = None) -> None:
-        if checks_disabled():
-            return None
-        with torch._C.DisableTorchFunctionSubclass():
-            agreement = _Agreement()
-            for _, _, t in _module_tensors(module, True, False):
-                agreement.add(t)
-            _call_devices(args, kwargs, agreement)
-            if agreement.agree:
-                return None
-            _report_or_raise(module, True, args, kwargs, _Context(module=type(module).__name__),
-                             _forward_labels(module))
-        return None
+        _hook_check(module, True, args, kwargs, lambda: _Context(module=type(module).__name__))
 
 
 class _LayerGuard:
@@ -796,18 +800,9 @@ class _LayerGuard:
         self._call = call
 
     def __call__(self, module: Any, args: Any, kwargs: Any = None) -> None:
-        if checks_disabled():
-            return None
-        with torch._C.DisableTorchFunctionSubclass():
-            agreement = _Agreement()
-            for _, _, t in _module_tensors(module, False, False):
-                agreement.add(t)
-            _call_devices(args, kwargs, agreement)
-            if agreement.agree:
-                return None
-            context = _Context(module=type(module).__name__, layer=self._name or "<root>", layer_type=self._type)
-            _report_or_raise(module, False, args, kwargs, context, _forward_labels(module), self._call)
-        return None
+        _hook_check(module, False, args, kwargs,
+                    lambda: _Context(module=type(module).__name__, layer=self._name or "<root>", layer_type=self._type),
+                    self._call)
 
 
 def forward_hook() -> Callable[..., None]:
