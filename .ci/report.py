@@ -2,7 +2,8 @@
 
     python3 .ci/report.py OUT_DIR [N]
 
-OUT_DIR holds steps.tsv (corner, step, seconds, exit status: one line a step, written by .ci/run) and the
+OUT_DIR holds steps.tsv (corner, step, seconds, exit status, % of the machine's CPU time busy: one line a step,
+written by .ci/run) and the
 JUnit XML files pytest wrote there (junit-*.xml). Standard library only: it runs with whatever python3 the
 machine has, even when a corner's venv could not be made.
 """
@@ -14,17 +15,18 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 
-def steps(out: Path) -> list[tuple[str, str, int, int]]:
+def steps(out: Path) -> list[tuple[str, str, int, int, str]]:
     rows = []
     path = out / "steps.tsv"
     if path.exists():
         for line in path.read_text().splitlines():
-            corner, step, seconds, status = line.split("\t")
-            rows.append((corner, step, int(seconds), int(status)))
+            corner, step, seconds, status, *busy = line.split("\t")
+            rows.append((corner, step, int(seconds), int(status), f"{busy[0]}%" if busy else ""))
     return rows
 
 
-def slowest_tests(out: Path, count: int) -> list[tuple[float, str, str]]:
+def test_times(out: Path) -> list[tuple[float, str, str]]:
+    """(seconds, corner, test) for every test in every JUnit file."""
     tests = []
     for junit in sorted(out.glob("junit-*.xml")):
         corner = junit.stem.removeprefix("junit-")
@@ -36,7 +38,15 @@ def slowest_tests(out: Path, count: int) -> list[tuple[float, str, str]]:
         for case in root.iter("testcase"):
             name = f"{case.get('classname', '')}::{case.get('name', '')}"
             tests.append((float(case.get("time", 0.0)), corner, name))
-    return sorted(tests, reverse=True)[:count]
+    return tests
+
+
+def slowest_files(tests: list[tuple[float, str, str]], count: int) -> list[tuple[float, int, str, str]]:
+    """(seconds, tests, corner, file): where a corner's test time goes, a file at a time."""
+    files: dict[tuple[str, str], list[float]] = {}
+    for seconds, corner, name in tests:
+        files.setdefault((corner, name.split("::")[0]), []).append(seconds)
+    return sorted(((sum(t), len(t), corner, name) for (corner, name), t in files.items()), reverse=True)[:count]
 
 
 def main() -> None:
@@ -44,19 +54,22 @@ def main() -> None:
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     rows = steps(out)
     print("\nci: where the time went")
-    print(f"{'corner':<8} {'step':<44} {'seconds':>8}  status")
+    print(f"{'corner':<8} {'step':<44} {'seconds':>8} {'CPU busy':>8}  status")
     corners: dict[str, int] = {}
-    for corner, step, seconds, status in rows:
-        print(f"{corner:<8} {step:<44} {seconds:>8}  {'ok' if status == 0 else f'FAILED ({status})'}")
+    for corner, step, seconds, status, busy in rows:
+        print(f"{corner:<8} {step:<44} {seconds:>8} {busy:>8}  {'ok' if status == 0 else f'FAILED ({status})'}")
         corners[corner] = corners.get(corner, 0) + seconds
     for corner, seconds in corners.items():
         print(f"{corner:<8} {'(corner total)':<44} {seconds:>8}")
     print(f"{'all':<8} {'(steps total)':<44} {sum(corners.values()):>8}")
-    slow = slowest_tests(out, count)
-    if slow:
-        print(f"\nci: the {len(slow)} slowest tests")
-        for seconds, corner, name in slow:
-            print(f"{seconds:8.1f} s  {corner:<14} {name}")
+    tests = test_times(out)
+    if tests:
+        print(f"\nci: the {count} slowest test files (seconds summed over their tests; parallel steps overlap them)")
+        for seconds, n, corner, name in slowest_files(tests, count):
+            print(f"{seconds:8.1f} s  {n:4d} tests  {corner:<18} {name}")
+        print(f"\nci: the {count} slowest tests")
+        for seconds, corner, name in sorted(tests, reverse=True)[:count]:
+            print(f"{seconds:8.1f} s  {corner:<18} {name}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ timeout = float(os.environ["FAULT_TIMEOUT"])
 out = os.environ["FAULT_OUT"]
 rank = int(os.environ["RANK"])
 mine = rank == fault_rank
+stalled = 0.0  # seconds this rank spent in its own "slow" fault: time no deadline of gpuguard's can cover
 
 
 def note(name: str, doc: dict) -> None:
@@ -36,13 +37,16 @@ def note(name: str, doc: dict) -> None:
 
 def strike() -> None:
     """The fault, at the chosen step, by a real signal to this real process (or a real delay)."""
+    global stalled
     note("fault", {"pid": os.getpid(), "fault": fault, "step": step})
     if fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif fault == "slow":
+        began = time.monotonic()
         time.sleep(timeout + 2.0)  # past the others' deadline, then on as if nothing happened
+        stalled = time.monotonic() - began
 
 
 class FaultyStore:
@@ -108,5 +112,5 @@ try:
 except gpuguard.GpuGuardError as exc:
     outcome = {"error": type(exc).__name__, "message": str(exc),
                "details": {k: v for k, v in exc.details.items() if isinstance(v, (int, str, list, float, bool))}}
-outcome.update(elapsed=time.monotonic() - started, pid=os.getpid(), host=socket.gethostname())
+outcome.update(elapsed=time.monotonic() - started, stalled=stalled, pid=os.getpid(), host=socket.gethostname())
 note("rank", outcome)
