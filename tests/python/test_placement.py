@@ -380,6 +380,19 @@ class SlowAfter(TcpStoreWrapper):
         return value
 
 
+class SignalsClaim(TcpStoreWrapper):
+    """A rank's store that sets ``claimed`` once this rank's claim of a GPU (compare_set of its ``owner``) returned."""
+
+    def __init__(self, inner: Any, claimed: threading.Event) -> None:
+        self.inner, self.claimed = inner, claimed
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
+        value = self.inner.compare_set(key, expected, desired)
+        if key.endswith("/owner"):
+            self.claimed.set()
+        return value
+
+
 def test_a_store_with_a_longer_timeout_never_holds_a_rank_past_the_deadline(master):
     """The issue's case: stores made with a 24 s timeout, a 3 s deadline, an arrival counter someone pre-filled
     where gpuguard used to count, and the second rank on GPU 0 stalled between listing its GPU as shared and
@@ -388,11 +401,14 @@ def test_a_store_with_a_longer_timeout_never_holds_a_rank_past_the_deadline(mast
     long_timeout = datetime.timedelta(seconds=24)
     stores = {r: client(master, long_timeout.total_seconds()) for r in (0, 1)}
     stores[1] = SlowAfter(stores[1], "/shared/n", 6.0)
+    claimed = threading.Event()
+    stores[0] = SignalsClaim(stores[0], claimed)
     outcome: dict[int, tuple[Verdict, float]] = {}
 
     def rank(r: int) -> None:
         started = time.monotonic()
-        time.sleep(0.5 * r)  # rank 0 takes GPU 0 first; rank 1 finds it taken and lists it as shared
+        if r == 1:  # rank 0 takes GPU 0 first; rank 1 then finds it taken and lists it as shared
+            assert claimed.wait(10), "rank 0 never claimed GPU 0"
         verdict = exchange(stores[r], ident(r, 2, 0, gpus_on_host=1), namespace="held", deadline=Deadline(3))
         outcome[r] = (verdict, time.monotonic() - started)
 

@@ -263,16 +263,19 @@ def test_the_command_line_works_and_doctor_says_the_checks_run_in_python(mismatc
 
 
 WATCHED = """
-import os, time
+import glob, os, time
 import torch, torch.distributed as dist
 import gpuguard
 
+def both_reported():  # rank 1 stays behind until each rank wrote its stall report (60 s at most)
+    return len(glob.glob(os.path.join(os.environ["GPUGUARD_WATCH_DIR"], "gpuguard-stall-rank*.json"))) >= 2 or \\
+        time.monotonic() > started + 60
 dist.init_process_group("gloo")
 gpuguard.watch(stall_after=3, tick=0.5, gather=3)
-rank = dist.get_rank()
+rank, started = dist.get_rank(), time.monotonic()
 for step in range(3):
     if rank == 1 and step == 2:
-        time.sleep(12)                          # rank 1 falls behind; rank 0 waits in the all-reduce
+        while not both_reported(): time.sleep(0.2)  # rank 1 falls behind; rank 0 waits in the all-reduce
     t = torch.ones(4)
     dist.all_reduce(t)
 dist.destroy_process_group()
@@ -293,7 +296,7 @@ def test_watch_names_the_stuck_rank(mismatched, fake_gpus, tmp_path):
     for rank in (0, 1):
         assert (f"[rank {rank}] gpuguard: collective stall: rank 1 never entered ALL_REDUCE #3 on group 'default_pg' "
                 f"(ranks 0, 1)") in proc.stderr, proc.stderr
-    assert f'File "{tmp_path / "watched.py"}", line 11 in <module>' in proc.stderr, proc.stderr
+    assert f'File "{tmp_path / "watched.py"}", line 14 in <module>' in proc.stderr, proc.stderr
 
 
 LOAD_DIRECTLY = """
