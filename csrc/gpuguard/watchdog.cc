@@ -258,22 +258,8 @@ void Watchdog::refresh_recorder() {
       if (enqueued > completed && (!was_waiting || completed != g.completed)) g.waiting_since = now;
       g.entered = enqueued;
       g.completed = completed;
-      if (!sites_warmed_ && enqueued > 0) warm_sites(source, st.name, st.enqueued);
     }
   }
-}
-
-// The first collective recorded: ask the Python side for its call site now and drop the answer. A process's
-// first symbolisation of the recorder's stack traces is slow (torch 2.15 imports torch._inductor for it: 1.1 s on
-// an idle core, past a report's 2.4 s wait on CI's loaded two), and a report that paid it lost its call sites.
-void Watchdog::warm_sites(const std::string& source, const std::string& group, std::int64_t seq) {
-  sites_warmed_ = true;
-  {
-    std::lock_guard<std::mutex> lock(site_mutex_);
-    if (site_request_) return;  // a report's request is waiting: it warms the same way
-    site_request_ = SiteRequest{kWarmSiteRequest, source, group, seq};
-  }
-  site_wake_.notify_all();
 }
 
 double Watchdog::threshold_locked() const {
@@ -305,7 +291,6 @@ std::optional<SiteRequest> Watchdog::next_site_request() {
 }
 
 void Watchdog::answer_site(std::uint64_t id, std::string site) {
-  if (id == kWarmSiteRequest) return;
   {
     std::lock_guard<std::mutex> lock(site_mutex_);
     site_answers_[id] = std::move(site);
@@ -319,7 +304,7 @@ std::string Watchdog::ask_site(const std::string& source, const std::string& gro
   site_request_ = SiteRequest{id, source, group, seq};
   site_wake_.notify_all();
   // bounded inside the composer's gather time, so that a rank whose GIL is held elsewhere still answers in time
-  // (the first symbolisation of stack traces, the slow one, was paid at the first collective: warm_sites())
+  // (the first symbolisation of stack traces, the slow one, was paid by watch() before the job trained)
   double wait_s = std::min(options_.site_wait_s, options_.gather_s * 0.8);
   bool answered = site_wake_.wait_for(lock, std::chrono::duration<double>(wait_s), [&] {
     return stopping_.load() || site_answers_.count(id) != 0;

@@ -64,12 +64,10 @@ using CompletionCheck = std::function<Result<bool>()>;
 // A call site the watchdog needs for a recorded collective; answered by the Python side (which reads the flight
 // recorder's stack traces under the GIL) through next_site_request()/answer_site().
 struct SiteRequest {
-  std::uint64_t id = 0;  // kWarmSiteRequest: nobody waits for the answer
+  std::uint64_t id = 0;
   std::string source, group;
   std::int64_t seq = 0;
 };
-
-inline constexpr std::uint64_t kWarmSiteRequest = 0;
 
 // Every Python thread's stack, taken without the GIL (the binding provides it).
 using StackDumper = std::function<std::string()>;
@@ -144,7 +142,6 @@ class Watchdog {
   void advance_locked(Group& g, Clock::time_point now);
   RankState snapshot(bool with_stack, const std::string& subject_key, std::uint64_t subject_seq);
   std::string ask_site(const std::string& source, const std::string& group, std::int64_t seq);
-  void warm_sites(const std::string& source, const std::string& group, std::int64_t seq);
   std::string key(const std::string& k) const { return options_.prefix + k; }
   void deliver(const std::string& message, const std::string& json);
   bool sleep_for(double seconds);
@@ -162,8 +159,7 @@ class Watchdog {
   std::condition_variable site_wake_;
   std::optional<SiteRequest> site_request_;
   std::map<std::uint64_t, std::string> site_answers_;
-  std::uint64_t site_next_id_ = 0;   // ids from 1: 0 is kWarmSiteRequest
-  bool sites_warmed_ = false;         // the watchdog's thread's own
+  std::uint64_t site_next_id_ = 0;
   std::uint64_t epoch_ = 0;
   std::string last_report_json_;
   std::atomic<std::uint64_t> store_ops_{0}, reports_{0}, relayed_ticks_{0}, unrelayed_ticks_{0}, ticks_{0};

@@ -65,17 +65,6 @@ def until_released():
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
-def wait_for_the_first_symbolisation() -> None:
-    """Until the watchdog has read the recorder's call sites once (60 s at most). Its first time in a process is
-    slow (torch 2.15 imports torch._inductor: 1.1 s idle, over 5 s on CI's loaded cores) and starts at the first
-    collective; a real job's threshold is at least 60 s, this test's few seconds, and CI saw the report come
-    before it."""
-    sites = getattr(w, "_sites", None)
-    deadline = time.monotonic() + 60
-    while sites is not None and sites.answered == 0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
 def mark(name: str) -> None:
     with open(os.path.join(out, name), "w") as f:
         f.write(repr(time.time()))
@@ -98,8 +87,6 @@ if scenario in ("ddp", "healthy_ddp"):
     x = torch.ones(2, 8)
     steps = int(sys.argv[3]) if scenario == "healthy_ddp" else 6
     for step in range(1, steps + 1):
-        if step == 2 and scenario == "ddp":
-            wait_for_the_first_symbolisation()
         loss = model(x).sum()
         if scenario == "ddp" and rank == 2 and step == 4:
             mark("stall_start")
@@ -113,8 +100,6 @@ if scenario in ("ddp", "healthy_ddp"):
 
 if scenario == "async_wait":
     for i in range(1, 8):
-        if i == 2:
-            wait_for_the_first_symbolisation()
         if rank == 2 and i == 5:
             mark("stall_start")
             with until_released():
@@ -141,8 +126,6 @@ if scenario == "healthy":
 
 comm = pynccl() if scenario in ("killed", "nccl_hang") else None
 for i in range(1, 8):
-    if i == 2:
-        wait_for_the_first_symbolisation()
     if i == 5 and scenario == "killed" and rank != 2:  # NCCL, unlike gloo, does not notice a dead peer
         mark(f"stall_start.{rank}")
         nccl_all_reduce(comm)

@@ -5,8 +5,10 @@ The flight recorder counts every collective of every process group, whatever iss
 functional collectives, Python calls), and its per-group status says which completed -- for NCCL from the CUDA
 events ProcessGroupNCCL's own watchdog polls. The watchdog's thread reads that status without the GIL through
 ``gpuguard._libtorch.flight_recorder_reader()``. Stack traces need the GIL to symbolise, so call sites are read
-here, by a helper thread, when a report needs one, and once at the first collective: a process's first
-symbolisation is slow (torch 2.15 imports torch._inductor for it), and is paid then rather than by a report.
+here, by a helper thread, when a report needs one. A process's first symbolisation is slow: torch's symbolizer
+imports 908 modules (torch._inductor among them, on torch 2.15), 1.1 s on an idle core and 2.6 s on a loaded one,
+all of it holding the GIL. watch() pays it itself, in the thread that starts the watch (warm_symbolisation), before
+the job trains: paid by the helper thread at the first collective, it stopped the training thread for seconds.
 """
 
 from __future__ import annotations
@@ -202,6 +204,21 @@ def _entries(source: str) -> list[dict]:
     return list(pickle.loads(raw).get("entries", []))
 
 
+_symbolised = False  # this process paid its first symbolisation (once per process, whatever the watch)
+
+
+def warm_symbolisation() -> None:
+    """Pays this process's slow first symbolisation (the modules torch's symbolizer imports) here, on one short
+    Python stack of this thread, without dumping the recorder; afterwards a dump's symbolisation takes milliseconds."""
+    global _symbolised
+    if _symbolised:
+        return
+    from torch._C._profiler import gather_traceback, symbolize_tracebacks
+
+    symbolize_tracebacks([gather_traceback(python=True, script=False, cpp=False)])
+    _symbolised = True
+
+
 def site_of(source: str, group: str, seq: int) -> str:
     for entry in _entries(source):
         pg = entry.get("process_group") or ("", "")
@@ -217,7 +234,7 @@ class SiteAnswerer:
 
     def __init__(self, dog: Any) -> None:
         self._dog = dog
-        self.answered = 0  # requests answered, the watchdog's warm-up at the first collective included
+        self.answered = 0  # requests answered: one per report that needed a call site
         self._thread = threading.Thread(target=self._run, name="gpuguard-watch-sites", daemon=True)
         self._thread.start()
 

@@ -25,7 +25,7 @@ from torch.distributed import distributed_c10d
 from .._core import Watchdog
 from .collectives import Wrapped, describe_sizes, group_identity
 from .recorder import SOURCE_VARIABLE, ProgressSource, SiteAnswerer, ask_torch_to_record, choose_source, \
-    describe_groups
+    describe_groups, warm_symbolisation
 from . import stacks
 from . import node_tier as tiers
 
@@ -158,6 +158,11 @@ class Watch:
         directory = self._report_dir or os.environ.get("GPUGUARD_WATCH_DIR") or tempfile.gettempdir()
         self.report_path = os.path.join(directory, f"gpuguard-stall-rank{rank}-pid{os.getpid()}.json")
         source = choose_source()
+        if source.reader is not None:  # the first symbolisation, here rather than in the helper thread later
+            try:
+                warm_symbolisation()
+            except Exception as exc:  # reports then pay it, or go without their call sites; the job goes on
+                logger.warning("gpuguard.watch: could not prepare torch's symbolizer for call sites: %s", exc)
         no_stacks = stacks.arm()  # Python 3.10 and 3.13: the stacks through faulthandler's signal handler
         if no_stacks:
             logger.warning("gpuguard.watch: stall reports will carry no Python stack: %s", no_stacks)
