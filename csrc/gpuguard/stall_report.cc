@@ -409,10 +409,20 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
   } else {
     kind = "no_progress";
     stuck = waiting;
-    message = "gpuguard: collective stall: every rank entered " + where + " and none completed it in " +
-              seconds(waited) + " s: the collective itself is stuck, not a rank. This is the network between the "
-              "ranks or GPU peer-to-peer: run `gpuguard doctor --p2p --nccl` on a node of this job, and try the "
-              "job with NCCL_P2P_DISABLE=1 (doctor says whether that cures it).";
+    message = "gpuguard: collective stall: every rank entered " + where + " and it has not completed on any of "
+              "them in " + seconds(waited) + " s: the collective itself is stuck, not a rank.";
+    if (subject.ranks.size() == 1) {  // no peer: neither the network nor peer-to-peer can hold it
+      message += " Its group has one rank, so no network or peer GPU is involved: the GPU has not reached it yet, "
+                 "still running the work queued before it (a long kernel, or a GPU shared with another process)."
+                 "\n  Fix: look at what runs on the GPU (nvidia-smi; torch.profiler around the steps before the "
+                 "call site).";
+    } else {
+      message += " Either NCCL's transport hangs (the network between the ranks, or GPU peer-to-peer), or a GPU "
+                 "has not reached it yet, still running the work queued before it (a long kernel)."
+                 "\n  Fix: run `gpuguard doctor --p2p --nccl` on a node of this job, and try the job with "
+                 "NCCL_P2P_DISABLE=1 (doctor says whether that cures it); if the transport is sound, look at what "
+                 "runs on the GPUs (nvidia-smi).";
+    }
     message += both_places();
     stack = waiting_stack;
   }

@@ -108,7 +108,23 @@ TEST(StallReport, EveryoneWaitingIsNoProgress) {
                                                state(3, 5653, 5652)};
   auto r = gpuguard::compose_stall_report(subject(), states, {}, silent);
   EXPECT_EQ(r.kind, "no_progress");
+  EXPECT_NE(r.message.find("and it has not completed on any of them in "), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("Either NCCL's transport hangs (the network between the ranks, or GPU peer-to-peer), or "
+                           "a GPU has not reached it yet"), std::string::npos) << r.message;
   EXPECT_NE(r.message.find("gpuguard doctor --p2p --nccl"), std::string::npos);
+}
+
+TEST(StallReport, NoProgressInAOneRankGroupBlamesTheGpuNotTheNetwork) {
+  // a held-back collective on a one-GPU machine: no peer, so the advice must not send the user to the network
+  gpuguard::StallSubject one = subject();
+  one.ranks = {0};
+  std::vector<std::optional<RankState>> states{state(0, 5653, 5652)};
+  auto r = gpuguard::compose_stall_report(one, states, {}, silent);
+  EXPECT_EQ(r.kind, "no_progress");
+  EXPECT_NE(r.message.find("(ranks 0) and it has not completed on any of them in "), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("Its group has one rank, so no network or peer GPU is involved"), std::string::npos)
+      << r.message;
+  EXPECT_EQ(r.message.find("NCCL_P2P_DISABLE"), std::string::npos) << r.message;
 }
 
 TEST(StallReport, DifferentSizesAtOneSequenceNumberAreADesync) {

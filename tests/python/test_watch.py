@@ -402,7 +402,7 @@ def test_everyone_in_a_hung_nccl_all_reduce_points_at_the_fabric(fake_gpus, tmp_
     number = 5 if gloo_recorder_missing() else 1
     reports = check_on_every_rank(
         job, output, {0, 1, 2, 3}, "no_progress",
-        f"every rank entered ALL_REDUCE #{number} on group 'default_pg' (ranks 0-3) and none completed it",
+        f"every rank entered ALL_REDUCE #{number} on group 'default_pg' (ranks 0-3) and it has not completed on any of them",
         "run `gpuguard doctor --p2p --nccl`", "NCCL_P2P_DISABLE=1",
         f"ranks 0-3 issued it at {WORKER}:{worker_line('with w.collective(')}; their CPU waits now: rank 0 at ",
         "fake_pynccl.py:", f", called from {WORKER}:{worker_line('# the CPU waits here, as in torch.cuda')} in "

@@ -90,7 +90,9 @@ def test_a_collective_held_back_on_the_gpu_is_named_not_completed_with_the_item_
     # what the user reads: the same words on stderr, after the rank's prefix
     printed = [line for line in output.splitlines() if line.startswith("[rank 0] gpuguard: collective stall: ")]
     assert len(printed) == 1, output[-4000:]
-    named = re.compile(r"every rank entered ALL_REDUCE #\d+ on group '[^']+' \(ranks 0\) and none completed it in ")
+    named = re.compile(r"every rank entered ALL_REDUCE #\d+ on group '[^']+' \(ranks 0\) and it has not completed on "
+                       r"any of them in [0-9.]+ s: the collective itself is stuck, not a rank\. Its group has one rank, "
+                       r"so no network or peer GPU is involved")
     assert named.search(printed[0]) and named.search(stall["message"]), printed[0]
     # the message's next line (printed as it is, no prefix): where it was issued, where the CPU waits
     assert re.search(r"\n  rank 0 issued it at \S*watch_gpu_worker\.py:\d+; their CPU waits now: rank 0 at "
