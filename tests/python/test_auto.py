@@ -89,6 +89,20 @@ def test_set_device_with_the_global_rank_names_ranks_and_variables(fake_gpus):
     assert "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))" in proc.stderr
 
 
+def test_set_device_with_the_local_rank_on_a_node_with_fewer_gpus_than_ranks_says_to_start_fewer(fake_gpus):
+    # torchrun --nproc_per_node=3 on a host that shows 2 GPUs: local rank 2 asks for cuda:2, and using the local
+    # rank, which it already does, is not the fix
+    env = auto_env(fake_gpus.env("h100x4", visible="0,1"), TORCHELASTIC_RUN_ID="r", RANK="2", WORLD_SIZE="3",
+                   LOCAL_RANK="2", LOCAL_WORLD_SIZE="3", GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    proc = run_python(SET_DEVICE.replace("set_device(5)", "set_device(2)"), env, check=False)
+    assert proc.returncode == 1
+    assert "RankMappingError: torch.cuda.set_device(2) asks for cuda:2, but this process on " in proc.stderr
+    assert ("The index already is the local rank: this node runs 3 processes (LOCAL_WORLD_SIZE) but shows 2 GPUs. "
+            "Start at most 2 per node (torchrun --nproc_per_node=2, srun --ntasks-per-node=2, mpirun --npernode 2), "
+            "or ask for nodes with more GPUs.") in proc.stderr, proc.stderr[-3000:]
+    assert "Use the local rank" not in proc.stderr
+
+
 @pytest.mark.parametrize("call,quoted", [('.to(torch.device("cuda", 3))', "Linear.to(device(type='cuda', index=3))"),
                                          (".cuda(3)", "Linear.cuda(3)")])
 def test_module_to_a_device_this_process_cannot_see(fake_gpus, call, quoted):

@@ -67,6 +67,14 @@ def mapping_error(index: int, n: int, call: str, context: Optional[LaunchContext
            f"'invalid device ordinal'."
     fix = ("Use the local rank: torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) (SLURM_LOCALID under srun, "
            "OMPI_COMM_WORLD_LOCAL_RANK under mpirun), or let gpuguard.bind() choose the GPU.")
+    if context is not None and context.local_rank is not None and index == context.local_rank:
+        # the index is already the local rank: this node runs more processes than it has GPUs
+        lws = context.local_world_size
+        fix = (f"The index already is the local rank: this node runs "
+               + (f"{lws} processes ({context.source('local_world_size')})" if lws is not None else "more processes")
+               + f" but shows {n} GPU{'s' if n != 1 else ''}. Start at most {n} per node (torchrun "
+               f"--nproc_per_node={n}, srun --ntasks-per-node={n}, mpirun --npernode {n}), or ask for nodes with "
+               f"more GPUs.")
     details: dict[str, Any] = {"requested_index": index, "visible_device_count": n, "host": host,
                                "cuda_visible_devices": visible}
     if context is not None:

@@ -60,6 +60,9 @@ def test_set_device_of_the_rank_on_a_one_gpu_machine_is_a_rank_mapping_error(tmp
             f"(cuda:0..cuda:0; CUDA_VISIBLE_DEVICES unset); CUDA would stop with 'invalid device ordinal'.") \
         in bad["message"], bad["message"]
     assert "global rank 1 (RANK), local rank 1 (LOCAL_RANK)" in bad["message"], bad["message"]
+    # the rank already uses its local rank: the fix is fewer processes on this node, not the local rank
+    assert ("The index already is the local rank: this node runs 2 processes (LOCAL_WORLD_SIZE) but shows 1 GPU. "
+            "Start at most 1 per node (torchrun --nproc_per_node=1") in bad["message"], bad["message"]
     assert "invalid device ordinal" in bad["cuda"], bad["cuda"]  # what gpuguard said CUDA would say
     if mode == "before_init":  # rank 0's cuda:0 exists: gpuguard lets torch set it
         assert got[0]["type"] is None and got[0]["current"] == 0, got[0]
