@@ -49,12 +49,13 @@ BUFFER_ENTRIES = "2000"
 # ---- one rank of one job (a child process: the recorder's variables must be set before torch reads them) ------
 
 class GapProbe(threading.Thread):
-    """Sleeps 1 ms in a loop and keeps the longest gap between its wake-ups after ``origin``; also notes when the
+    """Sleeps 1 ms in a loop and keeps the longest gap between its wake-ups after ``gaps_from``; also notes when the
     watchdog's first tick came. Waking needs the GIL, so a GIL held elsewhere shows as a long gap."""
 
     def __init__(self) -> None:
         super().__init__(name="gap-probe", daemon=True)
         self.origin = time.perf_counter()
+        self.gaps_from = float("inf")  # gaps count from here: once watch() returned, when the job trains
         self.longest = 0.0
         self.longest_at = 0.0
         self.watch: Any = None
@@ -66,7 +67,7 @@ class GapProbe(threading.Thread):
         while not self.done.is_set():
             time.sleep(0.001)
             now = time.perf_counter()
-            if now - last > self.longest and last >= self.origin:
+            if now - last > self.longest and last >= self.gaps_from:
                 self.longest, self.longest_at = now - last, last - self.origin
             last = now
             if self.first_tick_at is None and self.watch is not None and self.watch.ticks > 0:
@@ -99,6 +100,9 @@ def rank_main(cfg: dict[str, Any]) -> None:
         watch = gpuguard.watch(stall_after=600)
         watch_call_s = time.perf_counter() - probe.origin
         probe.watch = watch
+    # the watch() call is start-up, reported as watch_call_s (it pays torch's first symbolisation, holding the GIL
+    # on purpose before the job trains); a gap from here on is one the training thread feels
+    probe.gaps_from = time.perf_counter()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(cfg["width"], cfg["width"]).to(device),
