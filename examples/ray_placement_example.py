@@ -7,8 +7,8 @@ On a GPU node (or a Ray cluster: pass --address auto):
 Without a GPU, against gpuguard's fake driver (build it first: bash scripts/test.sh, or see tests/fakes):
 
     GPUGUARD_LIBCUDA=$PWD/build/dev/tests/fakes/libgpuguard_fake_cuda.so \\
-    GPUGUARD_FAKE_TOPOLOGY=$PWD/tests/fakes/topologies/h100x8.json PYTHONPATH=$PWD/python \\
-    python examples/ray_placement_example.py --fake-gpus 8 --workers 8 --max-colocate 2 --cpus-per-worker 0.1
+    GPUGUARD_FAKE_TOPOLOGY=$PWD/tests/fakes/topologies/h100x4.json PYTHONPATH=$PWD/python \\
+    python examples/ray_placement_example.py --fake-gpus 4 --workers 4 --max-colocate 2 --cpus-per-worker 0.1
 
 --fractional also shows the mistake gpuguard exists for: actors given num_gpus=1/3 without a placement, so
 Ray packs three ranks of one group on each GPU; every actor's bind() then stops with the same report.
