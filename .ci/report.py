@@ -61,7 +61,8 @@ def main() -> None:
         corners[corner] = corners.get(corner, 0) + seconds
     for corner, seconds in corners.items():
         print(f"{corner:<8} {'(corner total)':<44} {seconds:>8}")
-    print(f"{'all':<8} {'(steps total)':<44} {sum(corners.values()):>8}")
+    print(f"{'all':<8} {'(steps total)':<44} {sum(corners.values()):>8}   (the two lanes overlap: CI's own time "
+          f"is its last line)")
     tests = test_times(out)
     if tests:
         print(f"\nci: the {count} slowest test files (seconds summed over their tests; parallel steps overlap them)")

@@ -6,6 +6,9 @@
 #   extra arguments after -- go to pytest, e.g. scripts/test.sh -- -k devices
 #   PYTHON=/path/to/python ...   another interpreter (and its torch): a build folder of its own
 #   GPUGUARD_CPP_TESTS=0 ...     the fakes and the modules alone, no C++ tests (CI's corners that run pytest only)
+#   scripts/test.sh --build-only the build alone (no ctest, no pytest)
+#   GPUGUARD_TEST_NO_BUILD=1 ... pytest against the build already there, touching no build file (CI's wall-clock
+#                                tests, which run while another step of the same corner may configure its build)
 # The build folder is build/dev (build/asan) for the default python3, and build/dev-<tag> (build/asan-<tag>) for
 # another PYTHON, the tag naming its Python and torch (py3.10-torch2.6.0). The modules land in python/gpuguard/
 # named per Python (with their build record), so builds for several Pythons live side by side; a build for the
@@ -38,6 +41,8 @@ if [ "${1:-}" = "--sanitize" ]; then
     ctest --test-dir "build/asan$SUFFIX_DIR" --output-on-failure -j "$JOBS"
   exit 0
 fi
+BUILD_ONLY=0
+[ "${1:-}" = "--build-only" ] && { BUILD_ONLY=1; shift; }
 [ "${1:-}" = "--" ] && shift
 BUILD="build/dev$SUFFIX_DIR"
 
@@ -45,18 +50,23 @@ BUILD="build/dev$SUFFIX_DIR"
 # them, so that this folder's build links its own instead of taking theirs for up to date.
 record="python/gpuguard/$RECORD.py"
 built_for=$(sed -n 's/^TORCH_VERSION = "\([^"+]*\).*/\1/p' "$record" 2>/dev/null || true)
-if [ -n "$built_for" ] && [ "$built_for" != "${TORCH%%+*}" ]; then
+if [ -n "$built_for" ] && [ "$built_for" != "${TORCH%%+*}" ] && [ "${GPUGUARD_TEST_NO_BUILD:-0}" = 0 ]; then
   echo "test.sh: python/gpuguard/ holds modules built for torch $built_for; rebuilding them for torch $TORCH"
   rm -f "python/gpuguard/_core$SUFFIX" "python/gpuguard/_libtorch$SUFFIX"
 fi
 
 CPP_TESTS=${GPUGUARD_CPP_TESTS:-1}
+if [ "${GPUGUARD_TEST_NO_BUILD:-0}" != 0 ]; then
+  [ -d "$BUILD/tests/fakes" ] || { echo "test.sh: GPUGUARD_TEST_NO_BUILD is set but $BUILD holds no build" >&2; exit 1; }
+else
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUGUARD_BUILD_TESTS=ON \
   -DGPUGUARD_BUILD_CPP_TESTS="$([ "$CPP_TESTS" = 0 ] && echo OFF || echo ON)" -DGPUGUARD_INPLACE=ON \
   -DPython_EXECUTABLE="$PY" >/dev/null
 cmake --build "$BUILD" -j "$JOBS"
+[ "$BUILD_ONLY" = 1 ] && exit 0
 if [ "$CPP_TESTS" != 0 ]; then
   ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
+fi
 fi
 
 export GPUGUARD_FAKES_DIR="$PWD/$BUILD/tests/fakes"

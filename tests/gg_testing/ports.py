@@ -5,7 +5,8 @@ A port the kernel hands out for port 0 lies in its ephemeral range, where any pr
 rendezvous, Ray's dozen servers, another helper's test run) may take it before the test binds it: CI once saw
 "address already in use" that way. Below that range only a fixed choice can take it. pytest-xdist's workers each
 choose from their own slice of it (PYTEST_XDIST_WORKER gwN), so two workers never choose the same port, and a
-worker never hands out a port twice; each candidate is bound once to check that nothing else holds it now.
+worker never hands out a port twice; each candidate is bound once to check that nothing else holds it now. Two
+pytest runs at once (CI's wall-clock tests beside its other tests) each take a share first: GG_TEST_PORT_SHARE=i/n.
 """
 
 from __future__ import annotations
@@ -32,14 +33,19 @@ def ephemeral_range() -> tuple[int, int]:
 def worker_slice() -> tuple[int, int]:
     """[first, end) of the ports this process may hand out: its xdist worker's share of those below the
     ephemeral range (the whole of it without xdist)."""
-    end = ephemeral_range()[0]
-    if end - LOWEST < 1000:  # a widened ephemeral range: fall back to a slice of the range above it
-        end = LOWEST + 10000
+    low, end = LOWEST, ephemeral_range()[0]
+    if end - low < 1000:  # a widened ephemeral range: fall back to a slice of the range above it
+        end = low + 10000
+    share, _, shares = os.environ.get("GG_TEST_PORT_SHARE", "0/1").partition("/")
+    if share.isdigit() and shares.isdigit() and int(shares) > 0:  # this pytest run's share, then its workers'
+        size = (end - low) // int(shares)
+        low = low + (int(share) % int(shares)) * size
+        end = low + size
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
-    size = (end - LOWEST) // max(count, 1)
-    first = LOWEST + (index % max(count, 1)) * size
+    size = (end - low) // max(count, 1)
+    first = low + (index % max(count, 1)) * size
     return first, first + size
 
 

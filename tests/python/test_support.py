@@ -123,3 +123,11 @@ def test_free_ports_lie_below_the_ephemeral_range_and_apart_per_xdist_worker():
     assert slices[0][1] <= slices[1][0] and slices[1][1] <= slices[2][0], slices
     assert slices[2][1] <= low
     assert worker_slice()[0] <= min(ports) and max(ports) < worker_slice()[1]
+    # two pytest runs at once (CI's wall-clock lane beside its main one): disjoint shares, each split per worker
+    shared = []
+    for share in ("0/2", "1/2"):
+        env = dict(os.environ, PYTEST_XDIST_WORKER="gw1", PYTEST_XDIST_WORKER_COUNT="2", GG_TEST_PORT_SHARE=share,
+                   PYTHONPATH=str(Path(launch.__file__).parents[1]))
+        shared.append(json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                                text=True, check=True).stdout))
+    assert shared[0][1] <= shared[1][0] and shared[1][1] <= low and shared[0][0] >= 20000, shared
