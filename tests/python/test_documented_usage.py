@@ -165,7 +165,8 @@ BLOCKS = [b for b in documented_blocks() if b.runnable_language]
 
 
 def test_every_documented_block_runs_or_its_marker_says_why_not():
-    assert any(b.path == README for b in BLOCKS), "README.md has no Python or shell block: the parser no longer finds them"
+    assert any(b.path == README for b in BLOCKS), \
+        "README.md has no Python or shell block: the parser no longer finds them"
     for block in documented_blocks():
         assert not block.problem, block.problem
         assert "<!-- doc-test" not in block.code, f"{block.id}: a marker inside the block belongs above its fence"
