@@ -1,7 +1,7 @@
 """The Python, PyTorch and Ray versions gpuguard supports (CI tests the corners), and the message for one outside.
 
 One place for the range: the build reads it (cmake/torch_build_flags.py refuses a torch below it), the package
-checks Python at import, Ray at its first Ray call, and README.md and pyproject.toml state it
+checks Python at import, Ray at its first Ray call, and README.md, docs/versions.md and pyproject.toml state it
 (tests/python/test_supported_versions.py holds them to this file). Standard library only, no import of torch or
 Ray: the build runs this file on its own.
 """
@@ -38,7 +38,7 @@ def release(version: str) -> tuple[int, int]:
 
 
 def stated(name: str) -> str:
-    """'PyTorch 2.6 to 2.15' and the like: the range as README.md and the messages state it."""
+    """'PyTorch 2.6 to 2.15' and the like: the range as README.md, docs/versions.md and the messages state it."""
     oldest, newest = {"Python": PYTHON, "PyTorch": TORCH, "Ray": RAY}[name]
     return f"{name} {_text(oldest)} to {_text(newest)}"
 

@@ -1,4 +1,5 @@
-"""README.md's Python and shell blocks as the tests run them: found, classified by the marker above each, and run.
+"""The Python and shell blocks of README.md and docs/*.md as the tests run them: found, classified by the marker above
+each, and run.
 
 A block runs as written, in a fresh process, against the fake driver. The HTML comment line right above its
 opening fence (invisible on GitHub) says otherwise:
@@ -8,6 +9,9 @@ opening fence (invisible on GitHub) says otherwise:
     <!-- doc-test: gpu: why -->                               needs a real GPU: tests/python/gpu/test_gpu_readme.py
                                                               runs it there (skipped elsewhere)
     <!-- doc-test: skip: why -->                              never run by the tests; the reason says what covers it
+    <!-- doc-test: install: why -->                           the README's install lines (one block): run as written
+                                                              in a fresh venv by scripts/check_readme_install.sh,
+                                                              which asks this file for them (--install-lines)
 
 Blocks in other languages (a message, a table) are output, not run.
 """
@@ -23,35 +27,38 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+#: Every file whose blocks the tests run: the README and each page it links under docs/.
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 PYTHON = ("python", "py")
 SHELL = ("bash", "sh", "shell", "console")
-MARKER = re.compile(r"^<!-- doc-test: (?P<kind>skip|gpu|setup (?P<setup>[a-z0-9-]+)): (?P<why>\S.*?) -->$")
+MARKER = re.compile(r"^<!-- doc-test: (?P<kind>skip|gpu|install|setup (?P<setup>[a-z0-9-]+)): (?P<why>\S.*?) -->$")
 
 
 @dataclass
 class Block:
-    """One fenced block of README.md: where it starts, its language, its code and its marker, if any."""
+    """One fenced block of a document: where it starts, its language, its code and its marker, if any."""
 
+    path: Path
     line: int  # 1-based line of the opening fence
     language: str
     code: str
-    kind: str = "run"  # run | setup | gpu | skip
+    kind: str = "run"  # run | setup | gpu | skip | install
     setup: Optional[str] = None
     why: str = ""
     problem: str = ""  # a marker that cannot be read
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}:{self.language}"
+        return f"{self.path.relative_to(ROOT)}:{self.line}:{self.language}"
 
     @property
     def runnable_language(self) -> bool:
         return self.language in PYTHON + SHELL
 
 
-def readme_blocks(path: Path = README) -> list[Block]:
-    """Every fenced block of the file, with the marker on the line before its opening fence."""
+def file_blocks(path: Path) -> list[Block]:
+    """Every fenced block of one file, with the marker on the line before its opening fence."""
     lines = path.read_text(encoding="utf-8").splitlines()
     blocks: list[Block] = []
     i = 0
@@ -66,13 +73,14 @@ def readme_blocks(path: Path = README) -> list[Block]:
         while i < len(lines) and not lines[i].startswith("```"):
             body.append(lines[i])
             i += 1
-        block = Block(line=start + 1, language=opening.group(1).lower(), code="\n".join(body) + "\n")
+        block = Block(path=path, line=start + 1, language=opening.group(1).lower(), code="\n".join(body) + "\n")
         above = lines[start - 1].strip() if start > 0 else ""
         if above.startswith("<!-- doc-test"):
             marker = MARKER.match(above)
             if marker is None:
                 block.problem = (f"line {start}: {above!r} is not a doc-test marker: write "
-                                 f"'<!-- doc-test: skip: why -->', '<!-- doc-test: gpu: why -->' or "
+                                 f"'<!-- doc-test: skip: why -->', '<!-- doc-test: gpu: why -->', "
+                                 f"'<!-- doc-test: install: why -->' or "
                                  f"'<!-- doc-test: setup NAME: what it provides -->'")
             else:
                 block.kind = "setup" if marker.group("setup") else marker.group("kind")
@@ -81,6 +89,19 @@ def readme_blocks(path: Path = README) -> list[Block]:
         blocks.append(block)
         i += 1
     return blocks
+
+
+def documented_blocks() -> list[Block]:
+    """Every fenced block of README.md and docs/*.md, file by file."""
+    return [block for path in DOCUMENTS for block in file_blocks(path)]
+
+
+def install_lines() -> str:
+    """The README's install lines: its one block marked install (test_documented_usage holds it to one)."""
+    found = [block for block in file_blocks(README) if block.kind == "install"]
+    if len(found) != 1:
+        raise LookupError(f"README.md has {len(found)} blocks marked '<!-- doc-test: install: ... -->'; it needs one")
+    return found[0].code
 
 
 @dataclass
@@ -123,7 +144,7 @@ def command_shim(folder: Path) -> Path:
     return bin_dir
 
 
-#: What README blocks marked gpu need around them on the GPU (tests/python/gpu/test_gpu_readme.py runs them), by
+#: What blocks marked gpu need around them on the GPU (tests/python/gpu/test_gpu_readme.py runs them), by
 #: text the block holds; test_documented_usage fails on a gpu block that none describes.
 GPU_SETUPS: list[tuple[str, Setup]] = [
     # one process as a launcher would start it: bind() then init_process_group("nccl") on the real GPU
@@ -150,3 +171,9 @@ def gpu_setup_for(block: Block) -> Setup:
     found = [setup for text, setup in GPU_SETUPS if text in block.code]
     assert len(found) == 1, f"{block.id}: say in documented_usage.GPU_SETUPS what this gpu block needs to run"
     return found[0]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--install-lines"]:
+        sys.exit("usage: python tests/python/documented_usage.py --install-lines   (prints the README's install block)")
+    print(install_lines(), end="")

@@ -1,7 +1,7 @@
 """A torchrun worker for test_static_libstdcxx.py: gpuguard and torch in one process, in the order that crashed a
-gpuguard whose modules linked libstdc++ statically (shared/notes/gpu-image.md): gpuguard first, then README's
-bind(), then torch formatting through its iostreams, then a watch() stall report on gloo (rank 1 holds back its
-second all-reduce until both ranks have reported)."""
+gpuguard whose modules linked libstdc++ statically (shared/notes/gpu-image.md): gpuguard first, then the README's
+bind(), then torch formatting through its iostreams, then a watch() stall report on gloo (rank 1 holds back its second
+all-reduce until both ranks have reported)."""
 
 import gpuguard  # before torch: what its modules export is what the process's torch then binds to
 
@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-binding = gpuguard.bind()  # README's "Binding each process to its GPU"; imports torch's submodules
+binding = gpuguard.bind()  # the README's torchrun example (docs/launchers.md); imports torch's submodules
 print(binding, flush=True)
 
 import torch  # noqa: E402 - after gpuguard on purpose

@@ -1,8 +1,9 @@
 """Documented usage runs: every example in examples/ as its docstring says, and every Python and shell block of
-README.md, against the fake driver where a GPU would be needed (documented_usage.py says how blocks are marked).
+README.md and docs/*.md, against the fake driver where a GPU would be needed (documented_usage.py says how blocks are
+marked); the README's command line and install lines are held to cli.py and pyproject.toml.
 
-A README block the tests cannot run must say so, and why, in its marker; an unmarked block is run as written,
-and one that fails fails here. The examples run exactly the fake-driver commands their docstrings give.
+A block the tests cannot run must say so, and why, in its marker; an unmarked block is run as written, and one
+that fails fails here. The examples run exactly the fake-driver commands their docstrings give.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from gg_testing.env import scrubbed
 from gg_testing.paths import ROOT
 from gg_testing.procs import run_logged
 from gg_testing.ray_head import RayHead
-from documented_usage import PYTHON, Block, Setup, command_shim, gpu_setup_for, readme_blocks, write_program
+from documented_usage import (DOCUMENTS, PYTHON, README, Block, Setup, command_shim, documented_blocks, file_blocks,
+                              gpu_setup_for, install_lines, write_program)
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 FAKE_DRIVER_IN_DOCSTRINGS = "$PWD/build/dev/tests/fakes"
@@ -104,7 +106,7 @@ def test_example_runs_as_its_docstring_says(name, args, fakes_dir):
     assert "cannot pickle" not in proc.stdout
 
 
-# ---- README.md ---------------------------------------------------------------------------------------------
+# ---- README.md and docs/ -----------------------------------------------------------------------------------
 
 JOB_LOG = """\
 [rank1]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.21.5
@@ -113,9 +115,9 @@ JOB_LOG = """\
 [rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 10000
 """
 
-#: The setups README blocks name in their markers.
+#: The setups blocks name in their markers.
 SETUPS: dict[str, Setup] = {
-    # the zero-code section's one line: joins a local Ray with the fake GPUs; then a task imports torch
+    # docs/ray.md's zero-code line: joins a local Ray with the fake GPUs; then a task imports torch
     "ray-hook": Setup(
         ray_cluster=True,
         before="import ray\n",
@@ -129,17 +131,19 @@ SETUPS: dict[str, Setup] = {
             ray.shutdown()
             """,
         expect=("gpuguard active in a Ray worker: True",)),  # its "active" line reaches the driver late, if at all
-    # the Ray section: its ray.init() joins a local Ray that has 8 (fake) GPUs
+    # the README's Ray example: its ray.init() joins a local Ray that has 8 (fake) GPUs
     "ray-cluster": Setup(
         ray_cluster=True,
         expect=("Ray gave the actors of group 'actor' 1/2 GPU each",
                 "Ray gave the actors of group 'rollout' 1/2 GPU each")),
-    # `gpuguard explain job.log` with NCCL's own duplicate-GPU text in job.log; doctor on 4 fake GPUs
+    # docs/diagnostics.md: `gpuguard explain job.log` with NCCL's own duplicate-GPU text in job.log; doctor on 4
+    # fake GPUs
     "job-log": Setup(
         topology="h100x4", files={"job.log": JOB_LOG},
         expect=("[duplicate_gpu] Two or more ranks of one NCCL communicator are on the same GPU: ranks 0, 1",
                 "nccl all-reduce over 4 GPUs, P2P enabled: ok")),
-    # worker(i, nprocs) started as its comment says, by torch.multiprocessing.spawn, two ranks on 4 fake GPUs
+    # docs/launchers.md: worker(i, nprocs) started as its comment says, by torch.multiprocessing.spawn, two ranks on
+    # 4 fake GPUs
     "spawn": Setup(
         topology="h100x4",
         before="""
@@ -157,12 +161,13 @@ SETUPS: dict[str, Setup] = {
                 "gpuguard: rank 1/2 local 1/? -> cuda:1 (GPU-5a6b8d11-")),
 }
 
-BLOCKS = [b for b in readme_blocks() if b.runnable_language]
+BLOCKS = [b for b in documented_blocks() if b.runnable_language]
 
 
-def test_every_readme_block_runs_or_its_marker_says_why_not():
-    assert BLOCKS, "README.md has no Python or shell block: the parser no longer finds them"
-    for block in readme_blocks():
+def test_every_documented_block_runs_or_its_marker_says_why_not():
+    assert any(b.path == README for b in BLOCKS), \
+        "README.md has no Python or shell block: the parser no longer finds them"
+    for block in documented_blocks():
         assert not block.problem, block.problem
         assert "<!-- doc-test" not in block.code, f"{block.id}: a marker inside the block belongs above its fence"
         if not block.runnable_language:
@@ -170,17 +175,70 @@ def test_every_readme_block_runs_or_its_marker_says_why_not():
     for block in BLOCKS:
         if block.kind == "setup":
             assert block.setup in SETUPS, f"{block.id}: no setup {block.setup!r} in test_documented_usage.SETUPS"
-        if block.kind in ("skip", "gpu"):
+        if block.kind in ("skip", "gpu", "install"):
             assert len(block.why.split()) >= 4, f"{block.id}: say why it cannot run here, in a sentence"
         if block.kind == "gpu":
             gpu_setup_for(block)  # what tests/python/gpu/test_gpu_readme.py runs it with
     used = {b.setup for b in BLOCKS if b.kind == "setup"}
-    assert used == set(SETUPS), f"setups no README block uses: {sorted(set(SETUPS) - used)}"
+    assert used == set(SETUPS), f"setups no block uses: {sorted(set(SETUPS) - used)}"
+    assert [b.path for b in BLOCKS if b.kind == "install"] == [README], "one install block, in README.md"
+
+
+def test_the_readme_links_every_page_of_docs():
+    readme = README.read_text()
+    for path in DOCUMENTS[1:]:
+        assert f"](docs/{path.name})" in readme, f"README.md does not link docs/{path.name}"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_documents_reach_a_file_and_heading():
+    for path in DOCUMENTS:
+        for target, anchor in re.findall(r"\]\((?!https?:)([^)#\s]*)(?:#([^)\s]+))?\)", path.read_text()):
+            linked = (path.parent / target).resolve() if target else path
+            assert linked.exists(), f"{path.relative_to(ROOT)}: a link to {target}, which does not exist"
+            if anchor:
+                headings = re.findall(r"^#+ (.*)$", linked.read_text(), re.M)
+                assert anchor in {_anchor(h) for h in headings}, \
+                    f"{path.relative_to(ROOT)}: a link to {target}#{anchor}, a heading {linked.name} does not have"
+
+
+def test_the_install_lines_name_what_the_build_needs_and_come_first():
+    """The README's install block, which scripts/check_readme_install.sh runs in a fresh venv, installs each of
+    pyproject.toml's [build-system] requirements before building without isolation, on the README's first screen."""
+    lines = install_lines()
+    build = re.search(r"^pip install --no-build-isolation \.(\s|$)", lines, re.M)
+    assert build, f"the install lines never build this clone against the installed torch:\n{lines}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    requires = re.search(r"^\[build-system\]\n(?:#.*\n)*requires = \[(.*)\]$", pyproject, re.M)
+    assert requires, "pyproject.toml's [build-system] requires line moved: read it again here"
+    for requirement in re.findall(r'"([^"]+)"', requires.group(1)):
+        assert f'"{requirement}"' in lines[:build.start()], f"the install lines never install {requirement} first"
+    install = next(b for b in file_blocks(README) if b.kind == "install")
+    assert install.line <= 40, f"README.md:{install.line}: the install lines belong on the first screen"
+
+
+def test_the_readme_names_every_command_and_flag():
+    """One line per command in the README's command line, with every option cli.py defines."""
+    from gpuguard.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `gpuguard (\w+)(.*?)` \|", README.read_text(), re.M)}
+    assert set(rows) == set(commands), f"README's command line: {sorted(rows)}; cli.py: {sorted(commands)}"
+    for name, sub in commands.items():
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert re.search(rf"\[{re.escape(flag)}\b", rows[name]), f"README omits gpuguard {name} {flag}"
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(fake_gpus) -> Iterator[RayHead]:
-    """One local Ray (`ray start --head`) with 8 fake GPUs for the README's Ray blocks; always stopped."""
+    """One local Ray (`ray start --head`) with 8 fake GPUs for the Ray blocks; always stopped."""
     head = RayHead(scrubbed(fake_gpus.env("h100x8")), num_gpus=8, num_cpus=16)
     head.start()
     try:
@@ -191,8 +249,8 @@ def ray_cluster(fake_gpus) -> Iterator[RayHead]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_readme_block(block: Block, fake_gpus, tmp_path, request):
-    if block.kind == "skip":
+def test_documented_block(block: Block, fake_gpus, tmp_path, request):
+    if block.kind in ("skip", "install"):
         pytest.skip(f"marked not run: {block.why}")
     if block.kind == "gpu":
         pytest.skip(f"needs a GPU (tests/python/gpu/test_gpu_readme.py runs it): {block.why}")

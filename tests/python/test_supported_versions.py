@@ -1,4 +1,5 @@
-"""The supported range and what differs inside it: README.md and pyproject.toml state supported_versions.py's range;
+"""The supported range and what differs inside it: README.md, docs/versions.md and pyproject.toml state
+supported_versions.py's range, and docs/versions.md CI's corners;
 a version below it gets a clear message (Python at import, torch at build, Ray at gpuguard's first Ray call); notes
 print alike on every Python; a module that links but cannot load fails the build that made it."""
 
@@ -27,9 +28,12 @@ def text(version: tuple[int, int]) -> str:
 # ---- the range, stated where users read it ------------------------------------------------------------------
 
 def test_readme_and_pyproject_state_the_range_of_supported_versions_py():
-    readme = (ROOT / "README.md").read_text()
+    versions = (ROOT / "docs" / "versions.md").read_text()
     for name, (oldest, newest) in (("Python", sv.PYTHON), ("PyTorch", sv.TORCH), ("Ray (optional)", sv.RAY)):
-        assert re.search(rf"^\| {re.escape(name)} \| {text(oldest)} \| {text(newest)} \|", readme, re.M), name
+        assert re.search(rf"^\| {re.escape(name)} \| {text(oldest)} \| {text(newest)} \|", versions, re.M), name
+    assert f"On Python 3.13, Ray publishes wheels from {text(sv.RAY_FOR_PYTHON_3_13)}." in versions
+    readme = (ROOT / "README.md").read_text()
+    assert f"{sv.stated('Python')}, {sv.stated('PyTorch')}, {sv.stated('Ray')} (optional)" in readme
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'requires-python = ">={text(sv.PYTHON[0])}"' in pyproject
     assert f'dependencies = ["torch>={text(sv.TORCH[0])}"]' in pyproject
@@ -45,6 +49,22 @@ def test_ci_corners_are_the_ends_of_the_range():
     assert f".ci/venv.sh {text(sv.PYTHON[0])} torch=={text(sv.TORCH[0])}.0 'ray[default,train]=={text(sv.RAY[0])}.0'" \
         in run
     assert f"torch=={text(sv.TORCH[1])}.0 'ray[default,train]=={text(sv.RAY[1])}.0'" in run
+
+
+def test_docs_state_cis_corners_as_ci_runs_them():
+    """docs/versions.md's table of corners against the venvs .ci/run makes: one row per corner, the same pins."""
+    run = (ROOT / ".ci" / "run").read_text()
+    made = {name: (python, torch, ray or "none") for name, python, torch, ray in re.findall(
+        r"make_venv (oldest|middle|newest) \\?\s*bash \.ci/venv\.sh (3\.\d+) torch==([\d.]+)"
+        r"(?: 'ray\[default,train\]==([\d.]+)')?", run)}
+    assert set(made) == {"oldest", "middle", "newest"}, made
+    versions = (ROOT / "docs" / "versions.md").read_text()
+    stated = {name: (python, torch, ray) for name, python, torch, ray in re.findall(
+        r"^\| (oldest|middle|newest) \| (3\.\d+) \| ([\d.]+)[^|]* \| ([\d.]+|none) \|$", versions, re.M)}
+    assert stated == made
+    newest_in_ci = max(tuple(int(part) for part in python.split(".")) for python, _, _ in made.values())
+    if sv.PYTHON[1] > newest_in_ci:  # a supported Python that no corner runs is said to be untested
+        assert f"Python {text(sv.PYTHON[1])} is in no corner" in versions
 
 
 def test_releases_compare_by_major_and_minor():

@@ -1,4 +1,5 @@
-"""README.md's blocks marked `gpu` run on the real GPU, each with what it needs around it (documented_usage.py)."""
+"""The blocks of README.md and docs/*.md marked `gpu` run on the real GPU, each with what it needs around it
+(documented_usage.py)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,17 @@ import os
 
 import pytest
 
-from documented_usage import command_shim, gpu_setup_for, readme_blocks, write_program
+from documented_usage import command_shim, documented_blocks, gpu_setup_for, write_program
 from gg_testing.ports import free_port
 from gg_testing.procs import run_logged
 
-GPU_BLOCKS = [b for b in readme_blocks() if b.kind == "gpu"]
+GPU_BLOCKS = [b for b in documented_blocks() if b.kind == "gpu"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("block", GPU_BLOCKS, ids=[b.id for b in GPU_BLOCKS])
 def test_gpu_readme_block_runs_on_the_gpu(block, real_env, tmp_path, report):
-    """Each README block that needs a GPU runs as written, on this machine's GPU."""
+    """Each documented block that needs a GPU runs as written, on this machine's GPU."""
     setup = gpu_setup_for(block)
     command = write_program(block, setup, tmp_path)
     env = dict(real_env, MASTER_PORT=str(free_port()), **setup.env)

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Runs the README's install lines as a new user would: in a fresh venv that holds only torch, as written, then
+# `gpuguard devices` and one tensor check (the compiled one, and no fallback warning). CI runs it on its newest
+# corner (.ci/run).
+#   PYTHON=...   a venv's interpreter that has torch (default python3). The fresh venv is made from the same base
+#                Python (no --system-site-packages) and gets that torch: its files and its dependencies' files,
+#                hard-linked from the venv that has them (no download; the console scripts, torchrun and the like,
+#                are left out). Nothing else: the build's tools must come from the README's lines.
+#   GPUGUARD_README_VENV   the folder for the venv (default ~/.cache/gpuguard-ci/readme-install), emptied first.
+#                pip's build goes to build/readme-install in the clone (SKBUILD_BUILD_DIR, emptied first). Both places
+#                are fixed, so that ccache (CI's CCACHE_BASEDIR is the clone) serves the next run's compiles, whatever
+#                folder the clone is in: the venv's torch headers keep one path, the sources one path relative to the
+#                build folder.
+# The README block is the one marked <!-- doc-test: install: ... --> (tests/python/documented_usage.py finds it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=$(command -v "${PYTHON:-python3}") || {
+  echo "check_readme_install.sh: no interpreter '${PYTHON:-python3}'" >&2
+  exit 1
+}
+WORK=${GPUGUARD_README_VENV:-$HOME/.cache/gpuguard-ci/readme-install}
+BUILD_DIR="$PWD/build/readme-install"
+rm -rf "$BUILD_DIR"
+t0=$(date +%s)
+
+lines=$("$PY" tests/python/documented_usage.py --install-lines)
+rm -rf "$WORK"
+mkdir -p "$WORK"
+base=$("$PY" -c 'import sys; print(f"{sys.base_prefix}/bin/python{sys.version_info[0]}.{sys.version_info[1]}")')
+"$base" -m venv "$WORK/venv"
+VENV_SITE=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+# torch and what it requires (markers evaluated, with the extras asked for), each one's files as its RECORD lists them
+"$PY" - "$VENV_SITE" <<'EOF'
+import importlib.metadata as metadata
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from pip._vendor.packaging.requirements import Requirement
+
+dest = Path(sys.argv[1])
+wanted, seen, done = [("torch", frozenset())], {}, set()
+while wanted:
+    name, extras = wanted.pop()
+    name = re.sub(r"[-_.]+", "-", name).lower()
+    if name not in seen:
+        seen[name] = metadata.distribution(name)
+    for extra in {"", *extras} - {e for n, e in done if n == name}:
+        done.add((name, extra))
+        for line in seen[name].requires or []:
+            req = Requirement(line)
+            if req.marker.evaluate({"extra": extra}) if req.marker else extra == "":
+                wanted.append((req.name, frozenset(req.extras)))
+for present in metadata.distributions(path=[str(dest)]):  # the venv's own setuptools: replaced, as pip would
+    if re.sub(r"[-_.]+", "-", present.metadata["Name"]).lower() in seen:
+        paths = [Path(present.locate_file(file)) for file in present.files or []]
+        for path in paths:
+            path.unlink(missing_ok=True)
+        for folder in sorted({path.parent for path in paths}, key=lambda f: len(f.parts), reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+site = Path(seen["torch"].locate_file("")).resolve()
+count = 0
+for dist in seen.values():
+    for file in dist.files or []:
+        source = Path(dist.locate_file(file)).resolve()
+        if site not in source.parents or not source.is_file():
+            continue  # console scripts (bin/torchrun, ...) name the other venv's interpreter
+        target = dest / source.relative_to(site)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:  # another file system
+            shutil.copy2(source, target)
+        count += 1
+names = ", ".join(sorted(dist.metadata["Name"] + " " + dist.version for dist in seen.values()))
+print(f"check_readme_install: the fresh venv has {names} ({count} files)")
+EOF
+t1=$(date +%s)
+
+echo "check_readme_install: the README's install lines, as written, in $WORK/venv:"
+printf '%s' "$lines" | sed 's/^/  $ /'
+(
+  export VIRTUAL_ENV="$WORK/venv" PATH="$WORK/venv/bin:$PATH" SKBUILD_BUILD_DIR="$BUILD_DIR"
+  unset PYTHONPATH PYTHON PYTHONHOME
+  bash -euo pipefail -c "$lines"
+)
+t2=$(date +%s)
+
+cd "$WORK"  # away from the clone: what runs is the installed package
+env -u PYTHONPATH "$WORK/venv/bin/gpuguard" devices
+env -u PYTHONPATH "$WORK/venv/bin/python" - <<'EOF'
+import warnings
+
+import torch
+import gpuguard
+import gpuguard._libtorch  # the compiled tensor checks, built against this torch
+
+warnings.simplefilter("error", gpuguard.GpuGuardWarning)  # the Python fallback's warning, had the build not loaded
+
+model = torch.nn.Linear(4, 2)
+print("check_readme_install: assert_same_device ->", gpuguard.assert_same_device(model, torch.ones(3, 4)))
+try:
+    gpuguard.assert_same_device(model, torch.ones(3, 4, device="meta"))
+except gpuguard.DeviceMismatchError as err:
+    print("check_readme_install: a mismatch is reported:", str(err).splitlines()[0])
+else:
+    raise SystemExit("check_readme_install: an input on another device passed assert_same_device")
+EOF
+t3=$(date +%s)
+echo "check_readme_install: ok in $((t3 - t0)) s (venv and torch $((t1 - t0)) s, README's lines $((t2 - t1)) s," \
+  "checks $((t3 - t2)) s)"
