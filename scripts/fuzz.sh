@@ -6,6 +6,7 @@
 # CI calls it; FUZZ_SECONDS sets each one's budget.
 #   scripts/fuzz.sh            build, seed, fuzz for $FUZZ_SECONDS (default 20) seconds
 #   PYTHON=...                 the interpreter whose torch gives the C++ ABI (default python3)
+#   FUZZ_PASTE_SEED / FUZZ_PASTE_RUNS   fuzz_paste.py's seed and its most shapes (default: a new seed, no limit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX=${FUZZ_CXX:-clang++}
@@ -57,8 +58,10 @@ run_target fuzz_log_scan "the log reader" log- tests/fuzz/log_scan.dict
 # explain's reading of pasted text (issue 27): random stacks of what copying a log does to the recognisers'
 # examples never give a number the clean text does not. Needs the built module (scripts/test.sh builds it).
 if PYTHONPATH=python "$PY" -c "import gpuguard._core" 2>/dev/null; then
-  if ! PYTHONPATH=python:tests/python "$PY" tests/fuzz/fuzz_paste.py "${FUZZ_SECONDS:-20}" \
-      >"$OUT/fuzz_paste.log" 2>&1; then
+  # FUZZ_PASTE_SEED and FUZZ_PASTE_RUNS fix the shapes (CI: a seed whose shapes pass, so that a flaw a random seed
+  # finds is reported by a developer's run, not by an unrelated change's CI); unset, each run draws new shapes
+  if ! PYTHONPATH=python:tests/python "$PY" tests/fuzz/fuzz_paste.py "${FUZZ_SECONDS:-20}" "${FUZZ_PASTE_SEED:-}" \
+      "${FUZZ_PASTE_RUNS:-}" >"$OUT/fuzz_paste.log" 2>&1; then
     cat "$OUT/fuzz_paste.log" >&2
     echo "fuzz.sh: explain read a pasted shape wrong (the shape and its seed are above)" >&2
     exit 1

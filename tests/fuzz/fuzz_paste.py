@@ -4,7 +4,9 @@ character, a terminal of any width, a runtime's split anywhere) must never give 
 clean text does not (it may miss what a break hides; the corpus test holds the shapes it must read in full).
 Run by scripts/fuzz.sh; on a failure it prints the shape and exits 1.
 
-  PYTHONPATH=python:tests/python python3 tests/fuzz/fuzz_paste.py SECONDS [SEED]
+  PYTHONPATH=python:tests/python python3 tests/fuzz/fuzz_paste.py SECONDS [SEED [MAX_RUNS]]
+
+A SEED and MAX_RUNS make a run the same on any machine (CI's); without a seed each run explores new shapes.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def random_shape(rnd: random.Random, text: str) -> tuple[str, str]:
 
 def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
-    seed = int(sys.argv[2]) if len(sys.argv) > 2 else random.randrange(1 << 30)
+    seed = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else random.randrange(1 << 30)
+    max_runs = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
     rnd = random.Random(seed)
     # torch's out-of-memory message (~800 characters, many pieces) is put back together by its own recogniser
     # (issue 23): random breaks inside its list of processes can still make it count a message twice or read it
@@ -95,7 +98,7 @@ def main() -> int:
     clean = {e.text: explain(e.text, match_local=False) for e in examples}
     deadline = time.monotonic() + seconds
     runs = unreadable = missed = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (max_runs is None or runs < max_runs):
         ex = rnd.choice(examples)
         name, text = random_shape(rnd, ex.text)
         found = explain(text, match_local=False)
