@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ..devices import devices
 from ..errors import GpuGuardError, RankMappingError
+from ..binding.device_choice import start_fewer_per_node
 from ..binding.launchers import LaunchContext, detect
 
 _count: Optional[int] = None
@@ -72,9 +73,7 @@ def mapping_error(index: int, n: int, call: str, context: Optional[LaunchContext
         lws = context.local_world_size
         fix = (f"The index already is the local rank: this node runs "
                + (f"{lws} processes ({context.source('local_world_size')})" if lws is not None else "more processes")
-               + f" but shows {n} GPU{'s' if n != 1 else ''}. Start at most {n} per node (torchrun "
-               f"--nproc_per_node={n}, srun --ntasks-per-node={n}, mpirun --npernode {n}), or ask for nodes with "
-               f"more GPUs.")
+               + f" but shows {n} GPU{'s' if n != 1 else ''}. {start_fewer_per_node(n)}.")
     details: dict[str, Any] = {"requested_index": index, "visible_device_count": n, "host": host,
                                "cuda_visible_devices": visible}
     if context is not None:

@@ -32,6 +32,12 @@ class Resolution:
     chosen_by: str
 
 
+def start_fewer_per_node(n: int) -> str:
+    """The fix for a node that runs more processes than it shows GPUs (``n``), under each launcher."""
+    return (f"Start at most {n} per node (torchrun --nproc_per_node={n}, srun --ntasks-per-node={n}, "
+            f"mpirun --npernode {n}), or ask for nodes with more GPUs")
+
+
 def _gpus(n: int) -> str:
     return f"{n} GPU" + ("" if n == 1 else "s")
 
@@ -136,9 +142,8 @@ def _rank_mapping_error(context: LaunchContext, n: int, visibility: VisibleDevic
             f"do it")
     if lws is not None and lws > n:
         causes.append(
-            f"more processes per node than GPUs: this node runs {lws_text} but shows {_gpus(n)}. Start at "
-            f"most {n} per node (torchrun --nproc_per_node={n}, srun --ntasks-per-node={n}, "
-            f"mpirun --npernode {n}), or ask for nodes with more GPUs")
+            f"more processes per node than GPUs: this node runs {lws_text} but shows {_gpus(n)}. "
+            f"{start_fewer_per_node(n)}")
     if visibility.set:
         causes.append(
             f"visibility narrowed per process: {visibility.describe()} leaves this process {_gpus(n)}, while "
