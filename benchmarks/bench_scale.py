@@ -22,7 +22,7 @@ scheduling. Connections are made before the clock starts. Scenarios per size:
   watch-tier  the same with the per-node tier: one rank in 8 (each node's leader) asks
 
 The timeout scenarios pass at 1,024 ranks. From 4,096 up, this one thread cannot run thousands of ranks' timeouts
-at one instant within the 0.5 s a store call gets past its own bound (a rank waits its turn longer), and the run
+at one instant within the 2 s a store call gets past its own bound (a rank waits its turn longer), and the run
 stops there; --abandon-after 10 widens that wait for the simulation only (a real rank has its own core).
 
 Measured per run: wall time from the start to the last rank's verdict; store operations per rank (median and

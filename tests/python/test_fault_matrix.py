@@ -38,13 +38,14 @@ import torch.distributed as dist
 
 from gg_testing import launch
 from gg_testing.env import scrubbed
+from gpuguard.placement.stores import ABANDON_AFTER_S
 
 pytestmark = pytest.mark.wall_clock
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 T = 6.0  # bind()'s timeout in every case
 GRACE = 5.0  # the exchange's TIMEOUT_GRACE_S: every survivor must have its error by T + GRACE
-SLACK = 0.5  # a store call left behind when its server stops answering (stores.ABANDON_AFTER_S)
+SLACK = ABANDON_AFTER_S  # a store call left behind when its server stops answering
 START_UP = 40.0  # what a loaded machine may take to start a launcher and its ranks
 PARALLEL = 4
 

@@ -58,8 +58,11 @@ _STORE_METHODS = ("set", "get", "add", "check", "wait", "compare_set")
 
 #: How much longer than an operation's own bound a caller waits for the store call to return before it gives up
 #: on it: a c10d TCPStore client whose server is stopped (SIGSTOP) stays blocked even past its own timeout (it
-#: waits, with no bound, for the server to confirm a cancelled wait).
-ABANDON_AFTER_S = 0.5
+#: waits, with no bound, for the server to confirm a cancelled wait). Not shorter: on a rank whose cores are
+#: shared (data-loader workers, other jobs, a loaded node) a call that timed out on time can take over a second
+#: to hand its answer back, and a call given up on early reads as a store that stopped answering (CI saw 0.5 s
+#: do that to a rank that came late, on a loaded 2-core machine).
+ABANDON_AFTER_S = 2.0
 #: The shortest timeout handed to a store for one operation: c10d reads a zero timeout as "no timeout".
 MIN_OP_TIMEOUT_S = 0.01
 
