@@ -138,6 +138,12 @@ def check_on_every_rank(job: Job, output: str, ranks: set[int], kind: str, *need
     return reports
 
 
+def assert_reported_in_time(job: Job, ranks) -> None:
+    """Each rank's report came within the stall threshold + 15 s of the stall's start (the promise above)."""
+    late = {rank: round(job.report_time(rank) - job.stall_start(), 1) for rank in ranks}
+    assert max(late.values()) <= STALL_AFTER + 15, f"seconds from the stall's start to each rank's report: {late}"
+
+
 def behind(job: Job, output: str, marker: str) -> None:
     line = worker_line(marker)
     reports = check_on_every_rank(
@@ -149,8 +155,7 @@ def behind(job: Job, output: str, marker: str) -> None:
     assert (stall["seq"], stall["op"], stall["stuck_ranks"], stall["waiting_ranks"]) == (5, "ALL_REDUCE", [2],
                                                                                           [0, 1, 3])
     assert f"line {line} in <module>" in stall["stack"]
-    for rank in range(4):
-        assert job.report_time(rank) - job.stall_start() <= STALL_AFTER + 15
+    assert_reported_in_time(job, range(4))
 
 
 @pytest.mark.follows_torch
@@ -214,8 +219,7 @@ def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_f
         progress_note())
     stall = reports[3]["gpuguard_stall"]
     assert stall["issued_at"] == f"{WORKER}:{issued}" and stall["cpu_at"]["1"] == f"{WORKER}:{waits} in <module>"
-    for rank in range(4):
-        assert job.report_time(rank) - job.stall_start() <= STALL_AFTER + 15
+    assert_reported_in_time(job, range(4))
     assert "gpuguard-watch-sites" not in output and "recorder.py" not in stall["stack"], "our own thread is no news"
 
 
@@ -225,6 +229,11 @@ def test_ddp_gradient_all_reduce_waiting_for_a_sleeping_rank_is_named_as_ddps(fa
     job = Job("ddp", tmp_path, fake_gpus.env("h100x4"))
     missing = gloo_recorder_missing()
     if missing:  # DDP's reducer calls C++ directly: without the recorder no wrapper sees it, and rank 0 says so
+        # the subject is a stall that goes unreported: rank 2 holds it for the threshold and 10 s more (several
+        # ticks, in which a report would have come), then is released and the job ends
+        wait_until(lambda: (job.dir / "stall_start").exists(), 150, what="rank 2's stall")
+        time.sleep(max(0.0, job.stall_start() + STALL_AFTER + 10 - time.time()))
+        job.release()
         output = job.end(timeout=300)
         assert not job.reports() and "collective stall" not in output, output[-4000:]
         assert (f"gpuguard.watch: torch's flight recorder is not used (backend 'gloo': {missing}), so progress "
@@ -242,8 +251,7 @@ def test_ddp_gradient_all_reduce_waiting_for_a_sleeping_rank_is_named_as_ddps(fa
         f"_engine_run_backward, called from {WORKER}:{backward} in <module>",
         f"rank 2 is at {WORKER}:{worker_line('# rank 2 sleeps before its backward')} in <module>:")
     assert reports[0]["gpuguard_stall"]["stuck_ranks"] == [2]
-    for rank in range(4):
-        assert job.report_time(rank) - job.stall_start() <= STALL_AFTER + 15
+    assert_reported_in_time(job, range(4))
 
 
 @pytest.mark.slow
@@ -330,7 +338,7 @@ def test_stopped_rank_is_named_unreachable(fake_gpus, tmp_path):
                                   "rank 2 of ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) is gone or unreachable",
                                   ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1, 3 have waited in ALL_REDUCE #5")
     assert reports[0]["gpuguard_stall"]["gone_ranks"] == [2]
-    assert job.report_time(0) - job.stall_start() <= STALL_AFTER + 15
+    assert_reported_in_time(job, [0])
 
 
 def tier_pages() -> set[Path]:

@@ -38,7 +38,8 @@ if os.environ.get("GPUGUARD_WATCH") == "1":  # the zero-code path (`gpuguard run
 else:
     w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out,
                        gather=3)
-hold = stall_after + 25  # long enough for the reports; the test ends it once it has every rank's report
+hold = stall_after + 60  # far longer than the reports take, even on a loaded machine: the test ends it
+#                          (until_released) once it has every rank's report, so a long hold costs nothing
 t = torch.ones(4)
 
 
