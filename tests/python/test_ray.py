@@ -220,6 +220,12 @@ def worker_class() -> Any:
     """The actor class, made here so that Ray ships it by value (workers cannot import this test module)."""
 
     class Worker:
+        def ready(self) -> bool:
+            """Pays what comes before bind()'s deadline starts (imports: seconds of CPU each on a loaded machine)."""
+            import gpuguard  # noqa: F401
+            import torch  # noqa: F401
+            return True
+
         def bind(self, timeout: float = CALL_TIMEOUT) -> dict[str, Any]:
             import os
 
@@ -243,7 +249,10 @@ def worker_class() -> Any:
 
 
 def bind_all(actors: list[Any], **kw: Any) -> list[dict[str, Any]]:
+    """Every actor's bind(), started together once all have started and imported: the ranks' deadlines (5 s in
+    some tests) then measure gpuguard's check, not how far apart Ray started the actors on a loaded machine."""
     try:
+        get([a.ready.remote() for a in actors])
         return get([a.bind.remote(**kw) for a in actors])
     finally:
         for a in actors:
