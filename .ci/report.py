@@ -4,7 +4,8 @@
 
 OUT_DIR holds steps.tsv (corner, step, seconds, exit status, % of the machine's CPU time busy: one line a step,
 written by .ci/run) and the
-JUnit XML files pytest wrote there (junit-*.xml). Standard library only: it runs with whatever python3 the
+JUnit XML files pytest wrote there (junit-*.xml). Last come the failed tests, each with the start of what it
+failed on, so that the end of CI's log (often all that is kept of it) says why. Standard library only: it runs with whatever python3 the
 machine has, even when a corner's venv could not be made.
 """
 
@@ -41,6 +42,33 @@ def test_times(out: Path) -> list[tuple[float, str, str]]:
     return tests
 
 
+def failures(out: Path, width: int) -> list[tuple[str, str, str]]:
+    """(corner, test, the start of its failure's text) for every test that failed or errored."""
+    failed = []
+    for junit in sorted(out.glob("junit-*.xml")):
+        try:
+            root = ElementTree.parse(junit).getroot()
+        except ElementTree.ParseError:
+            continue
+        for case in root.iter("testcase"):
+            for outcome in (*case.findall("failure"), *case.findall("error")):
+                name = f"{case.get('classname', '')}::{case.get('name', '')}"
+                failed.append((junit.stem.removeprefix("junit-"), name, why(outcome, width)))
+    return failed
+
+
+def why(outcome: ElementTree.Element, width: int) -> str:
+    """The statement that failed (pytest's last '>' line) and the start and end of the error's lines ('E'), on
+    one line of at most about ``width`` characters; pytest's one-line message where there is no traceback."""
+    lines = (outcome.text or "").splitlines()
+    statement = next((line[1:].strip() for line in reversed(lines) if line.startswith(">")), "")
+    error = " ".join(" ".join(line[1:].split()) for line in lines if line.startswith("E "))
+    error = error or " ".join((outcome.get("message") or "").split())
+    if len(error) > width:
+        error = f"{error[:width // 2]} [...] {error[-width // 2:]}"
+    return f"at `{statement[:200]}`: {error}" if statement else error
+
+
 def slowest_files(tests: list[tuple[float, str, str]], count: int) -> list[tuple[float, int, str, str]]:
     """(seconds, tests, corner, file): where a corner's test time goes, a file at a time."""
     files: dict[tuple[str, str], list[float]] = {}
@@ -71,6 +99,11 @@ def main() -> None:
         print(f"\nci: the {count} slowest tests")
         for seconds, corner, name in sorted(tests, reverse=True)[:count]:
             print(f"{seconds:8.1f} s  {corner:<18} {name}")
+    failed = failures(out, 700)
+    if failed:
+        print(f"\nci: {len(failed)} failed tests, each with the statement that failed and its error (start and end)")
+        for corner, name, text in failed:
+            print(f"{corner:<18} {name}\n    {text}")
 
 
 if __name__ == "__main__":
