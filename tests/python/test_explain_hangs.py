@@ -168,6 +168,39 @@ def test_ncclras_mismatch_names_the_ranks_behind_and_the_counts():
     assert "process 483072 on 172.16.64.210 (GPU 0)" in d.devices
 
 
+# RAS_MISMATCH's counts as fuzz_paste.py (seed 688248812, run 8846) pasted them: CRI records split by the runtime,
+# a terminal 83 wide, a break inside "6650" and a nested quote. The hit ("...collective oper") is read once the five
+# lines after it are in, which ends at "ation 66": the "50" below was not seen yet, and 66 was taken as the count.
+RAS_MISMATCH_BROKEN_COUNT = """\
+> > 2026-01-05T10:00:00.123456789Z stderr P #0-0 (27a079b828ff1a75) MISMAT
+> > 2026-01-05T10:00:00.123456789Z stderr P C
+> > 2026-01-05T10:00:00.123456789Z stderr F H
+> > 2026-01-05T10:00:00.123456789Z stderr P   Commun
+> > 2026-01-05T10:00:00.123456789Z stderr P icator ranks have different collective oper
+> > a
+> > 2026-01-05T10:00:00.123456789Z stderr P tion 
+> > 2026-01-05T10:00:00.123456789Z stderr F counts
+> > 2026-01-05T10:00:00.123456789Z stderr F   26 ranks have launched up to oper
+> > ation 66
+> > 50
+> > 2026-01-05T10:00:00.123456789Z stderr F   6 ranks have launched up to operation 664
+> > 9
+> > 2026-01-05T10:00:00.123456789Z stderr F   Rank 0 -- GPU 0 managed by process 483072
+> >  on node 172.16.64.210
+"""
+
+
+def test_ncclras_count_broken_at_the_end_of_the_lines_read_is_unreadable_not_cut():
+    d = one(explain(RAS_MISMATCH_BROKEN_COUNT, match_local=False), "nccl_ras_behind")
+    assert "operation 66 " not in d.summary and "operation 66)" not in d.summary and "operation 664)" not in d.summary
+    assert d.summary == ("Ranks of one NCCL communicator have launched different numbers of collectives; behind: "
+                         "rank 0. Unreadable in this text: a count of collectives (a line break cuts through it "
+                         "where the text does not tell how the pieces join; the cause and the fix do not depend "
+                         "on it).")
+    assert d.unreadable == ("a count of collectives",)
+    assert d.ranks == (0,) and d.devices == ("process 483072 on 172.16.64.210 (GPU 0)",)
+
+
 def test_ncclras_json_and_monitor_mode_name_the_unresponsive_rank_and_its_process():
     d = one(explain(RAS_JSON, match_local=False), "nccl_ras_missing")
     assert d.ranks == (1,)

@@ -325,7 +325,12 @@ class LogExplainer:
 
         widths: dict[int, int] = {}
         options = _Options(readings, len(pieces) - 1)
-        message = Message([p.line for p in pieces], options, at - lo, lambda i: pieces[i].split_record is not None)
+        # whether the log may hold a line after the last piece that the message does not see (not read yet: a hit
+        # is read LINES_AFTER input lines after it, and a line a runtime split counts several; one the reader left
+        # out; one past the pieces): a number at the message's end may go on there, unless the log ends there
+        unseen_below = not (self._finished and window[hi].last >= self._scanner.lines)
+        message = Message([p.line for p in pieces], options, at - lo, lambda i: pieces[i].split_record is not None,
+                          unseen_below)
         span = message.join(lambda text: _span(text, candidates))
         if span is None:
             # no pattern matches here, joined or not: a recogniser that reads a longer message across the lines

@@ -170,10 +170,13 @@ class Message:
     """One message read across consecutive lines: its pieces, the reading chosen at each break, its text."""
 
     def __init__(self, pieces: Sequence[NormalLine], options: Sequence[tuple[Optional[str], ...]], hit: int,
-                 goes_on: Callable[[int], bool] = lambda i: False) -> None:
+                 goes_on: Callable[[int], bool] = lambda i: False, unseen_below: bool = False) -> None:
         self.pieces = pieces
         # goes_on(i): a store's record the line of piece i belongs to goes on below it (a runtime split the line)
         self._goes_on = goes_on
+        # the log may hold a line right after the last piece that these pieces leave out (not read yet, left out by
+        # the reader, or past the lines handed out after the hit): it may go on from the last piece
+        self._unseen_below = unseen_below
         self.options = options            # options[k]: the readings of the break after pieces[k]
         self.hit = hit
         self.first = self.last = hit
@@ -342,9 +345,9 @@ class Message:
         if end_edge:
             touching.append(self.last)
         last_piece = self.pieces[self.last]
-        if (last_piece.partial or last_piece.open_string or self._goes_on(self.last)) and \
+        if (last_piece.partial or last_piece.open_string or self._goes_on(self.last) or self._unseen_below) and \
                 self.last + 1 == len(self.pieces) and e >= len(self.body.rstrip()):
-            return None  # the store says the line goes on, in a record this text does not hold
+            return None  # the line may go on (the store says it does), in a line these pieces do not hold
         if not touching:
             return value if _whole(self.body, s, e) else None
         values = [value] if _whole(self.body, s, e) else []
