@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .. import context_monitor
+from ..system import context_monitor
 from . import device_index, enrich as _enrich, excepthooks, group_check
 from .patches import Patches
 

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from .._core import driver_init_record, host_fingerprint
 from ..deadline import Deadline
-from ..devices import cuda_status, devices
+from ..system.devices import cuda_status, devices
 from ..errors import GpuGuardError, GpuGuardWarning, LaunchEnvironmentError, RankMappingError
 from ..group_name import is_group_name
 from ..placement import (RankIdentity, check_gpu_processes, exchange, find_store, hold_until_read, namespace_for,

@@ -2,7 +2,7 @@
 cuDevicePrimaryCtxGetState (which creates none) and reported with what the context costs.
 
 Error or warning, by cost. A primary context stays until the process exits (PyTorch's maintainers: it cannot be
-freed, pytorch/pytorch#20532, #109888) and holds some hundreds of MiB (gpu_processes.TYPICAL_CONTEXT_COST;
+freed, pytorch/pytorch#20532, #109888) and holds some hundreds of MiB (system/processes.py's TYPICAL_CONTEXT_COST;
 NVML's per-process figure for this pid when it is available). The usual causes (a checkpoint loaded without
 map_location, a torch.cuda call at import time) run on every rank, so the GPU they touch, cuda:0, carries one
 context per rank of the host: 7 x 414-871 MiB on an 8-GPU node in the reports cited there, 3-6 GiB taken from the
@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from .._core import active_primary_contexts
 from ..errors import StrayContextError
-from ..gpu_processes import TYPICAL_CONTEXT_COST, format_bytes, process_memory, usage_of
+from ..system.processes import TYPICAL_CONTEXT_COST, format_bytes, process_memory, usage_of
 
 logger = logging.getLogger("gpuguard")
 

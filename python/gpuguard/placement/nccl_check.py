@@ -16,9 +16,9 @@ import os
 import time
 from typing import Any, Optional
 
-from ..nccl_library import nccl_probe, nccl_status, nccl_unique_id
+from ..system.nccl_library import nccl_probe, nccl_status, nccl_unique_id
 from ..deadline import Deadline
-from ..explain import kinds_in
+from ..logs import kinds_in
 from .exchange import MAX_REPORTED_DEVICES, TIMEOUT_GRACE_S, publish, read_verdict
 from .identity import RankIdentity
 from .stores import CheckedStore, Store

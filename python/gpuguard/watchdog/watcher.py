@@ -92,7 +92,7 @@ def _store_address(store: Any) -> tuple[str, int]:
 def _watch_contexts(rank: int) -> bool:
     """Reports a CUDA context this rank makes on another GPU from now on (context_monitor), unless the zero-code
     mode already does; the rank's GPU is the current device, once torch has initialised CUDA."""
-    from .. import context_monitor
+    from ..system import context_monitor
 
     if context_monitor.current() is not None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return False
@@ -287,7 +287,7 @@ class Watch:
         global _active
         self._wrapped.restore()
         if getattr(self, "_watches_contexts", False):
-            from .. import context_monitor
+            from ..system import context_monitor
 
             context_monitor.stop()
         if self._dog is not None:

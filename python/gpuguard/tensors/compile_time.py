@@ -15,8 +15,8 @@ import torch
 from torch._dynamo.comptime import ComptimeContext, ComptimeVar
 from torch._dynamo.exc import TorchRuntimeError
 
-from ._libtorch_loader import tensor_checks
-from .errors import DeviceMismatchError
+from .._libtorch_loader import tensor_checks
+from ..errors import DeviceMismatchError
 
 __all__ = ["CompileTimeDeviceMismatchError", "run_now"]
 
