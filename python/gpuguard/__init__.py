@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; at run time each loads on first use
     from ._libtorch_loader import TORCH_VERSION_BUILT_FOR
-    from .binding import Binding, bind, init_process_group
+    from .api import bind, watch
+    from .binding import Binding, init_process_group
     from .doctor_report import DoctorReport, Finding
     from .doctor_report import run_doctor as doctor
     from .errors import (
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
     from .system.devices import CudaStatus, Device, cuda_status, devices
     from .tensors.tensor_devices import GuardHandle, assert_same_device, find_device_mismatch, guard, same_device
     from .ray import PlacementReport, RayPlacement, ray_placement
-    from .watchdog import Watch, watch
+    from .watchdog import Watch
 
 from ._version import __version__
 from .supported_versions import python_problem as _python_problem
@@ -51,7 +52,7 @@ if _python_problem():  # an older Python fails later, somewhere, with a less cle
 _LAZY: dict[str, tuple[str, str]] = {
     "TORCH_VERSION_BUILT_FOR": ("._libtorch_loader", "TORCH_VERSION_BUILT_FOR"),
     "Binding": (".binding", "Binding"),
-    "bind": (".binding", "bind"),
+    "bind": (".api", "bind"),
     "init_process_group": (".binding", "init_process_group"),
     "CudaStatus": (".system.devices", "CudaStatus"),
     "Device": (".system.devices", "Device"),
@@ -79,7 +80,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "RayPlacement": (".ray", "RayPlacement"),
     "ray_placement": (".ray", "ray_placement"),
     "Watch": (".watchdog", "Watch"),
-    "watch": (".watchdog", "watch"),
+    "watch": (".api", "watch"),
 }
 
 

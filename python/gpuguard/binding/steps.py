@@ -282,40 +282,15 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
 
 
 def bind(*, group: str = "default", store: Any = None, timeout: float = 60, verify_nccl: bool = False,
-         require_gpu: bool = False, watch: bool = False, rank: Optional[int] = None,
-         world_size: Optional[int] = None, local_rank: Optional[int] = None,
-         require_exclusive: bool = False) -> Binding:
-    """Binds this process to its GPU under whichever launcher started it, and returns the Binding.
-
-    group: the rank's group; ranks of different groups may share a GPU (colocated roles). The default
-      yields to ``GPUGUARD_GROUP`` in the environment.
-    store: where ranks meet for the cross-rank check (a torch.distributed Store); found automatically
-      when None. timeout: seconds for the whole call (the CUDA-state check, the other ranks, NCCL), after
-      which it returns or raises within a few seconds.
-    verify_nccl: also form a real NCCL communicator and run one small all-reduce on it under the deadline
-      (on a hang, again with NCCL_P2P_DISABLE=1, saying whether that cures it).
-    require_gpu: no GPU is an error instead of a warning and a CPU binding.
-    require_exclusive: a rank's GPU holding memory of processes outside this job (a leftover run, another user's
-      job) stops every rank with ForeignProcessError instead of a warning naming them.
-    watch: also start gpuguard.watch() (the collective watchdog, default settings) once bound.
-    rank, world_size, local_rank: for processes no launcher describes (torch.multiprocessing.spawn, Lightning's
-      own launcher, MPT): all three together, and the environment's launcher variables are then not read.
-      With more than one rank, pass store= too unless a default process group exists.
-
-    Raises LaunchEnvironmentError (launcher variables or CUDA_VISIBLE_DEVICES malformed or contradictory),
-    RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
-    visibility), StrayContextError (a CUDA context of this process on another rank's GPU, made before
-    set_device), ForeignProcessError (require_exclusive); all are GpuGuardError.
-    """
+         require_gpu: bool = False, rank: Optional[int] = None, world_size: Optional[int] = None,
+         local_rank: Optional[int] = None, require_exclusive: bool = False) -> Binding:
+    """gpuguard.bind() without its watch= (gpuguard/api.py adds that): binds this process to its GPU under whichever
+    launcher started it, and returns the Binding. The arguments are gpuguard.bind()'s."""
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
     context, failure = _context(rank, world_size, local_rank)
-    binding = bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
-                      require_gpu=require_gpu, failure=failure, require_exclusive=require_exclusive)
-    if watch:
-        from ..watchdog import watch as start_watch
-        start_watch()  # starts with the first collective if the process group does not exist yet
-    return binding
+    return bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
+                   require_gpu=require_gpu, failure=failure, require_exclusive=require_exclusive)
 
 
 def preflight(*, group: str = "default", timeout: float = 60, verify_nccl: bool = False,
