@@ -1,5 +1,5 @@
 """explain's recognisers behind one interface: the registry decides kinds, reading order and help; every error's
-``fix`` is its message's fix sentence(s); placement.nccl_check asks explain's recognisers, not a substring."""
+``fix`` is its message's fix sentence(s); placement.nccl_check asks the duplicate-GPU recogniser, not a substring."""
 
 from __future__ import annotations
 

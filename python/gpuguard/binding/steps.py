@@ -30,7 +30,7 @@ from ..system.devices import cuda_status, devices
 from ..errors import GpuGuardError, GpuGuardWarning, LaunchEnvironmentError, RankMappingError
 from ..group_name import is_group_name
 from ..placement import (RankIdentity, check_gpu_processes, exchange, find_store, hold_until_read, namespace_for,
-                         raise_for, verify_nccl_across_ranks)
+                         raise_for)
 from ..placement import foreign_processes
 from .binding import Binding
 from .cuda_state import check_cuda_state, earlier_initialisation
@@ -161,7 +161,7 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
         if me.failure_kind is None:
             check_gpu_processes(None, me, namespace="", deadline=deadline, require_exclusive=require_exclusive)
             if verify_nccl:
-                raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
+                _verify_nccl(None, me, "", deadline)
         return
     namespace = namespace_for(found, me.group, me.rank, launch_id, deadline)
     started = time.monotonic()
@@ -182,7 +182,15 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
             foreign_processes.hold_until_read(found, verdict.namespace, deadline)
         raise
     if verify_nccl:
-        raise_for(verify_nccl_across_ranks(found, me, namespace=verdict.namespace, deadline=deadline), me)
+        _verify_nccl(found, me, verdict.namespace, deadline)
+
+
+def _verify_nccl(found: Any, me: RankIdentity, namespace: str, deadline: Deadline) -> None:
+    """verify_nccl: a real NCCL communicator of the group (placement/nccl_check.py), imported only when asked for:
+    it loads the finder of the job's NCCL and the duplicate-GPU recogniser, which bind() needs for nothing else."""
+    from ..placement.nccl_check import verify_nccl_across_ranks
+
+    raise_for(verify_nccl_across_ranks(found, me, namespace=namespace, deadline=deadline), me)
 
 
 def _publish_ray_row(binding: Binding, found: Any) -> None:
