@@ -27,7 +27,8 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    """The package's source modules; not the build records a build writes beside them (_build_info_<tag>.py)."""
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if not p.name.startswith("_build_info")}
 
 
 def _known() -> set[str]:
