@@ -30,11 +30,11 @@ ENV = dict(os.environ)  # the installed gpuguard; PYTHONPATH=python measures thi
 
 CONTENDERS = {
     "gpuguard explain_file": """
-from gpuguard.explain import explain_file
+from gpuguard.logs import explain_file
 kinds = [d.kind for d in explain_file(PATH, match_local=False)]
 """,
     "Python line loop (before)": """
-from gpuguard.explain import KEYWORDS, iter_lines
+from gpuguard.logs import KEYWORDS, iter_lines
 hits = 0
 with open(PATH, "rb") as f:
     for line in iter_lines(f):
@@ -49,7 +49,7 @@ kinds = [f"{hits} lines with a keyword (no diagnosis)"]
 RUNNER = """
 import json, sys, time
 PATH = sys.argv[1]
-import gpuguard.explain  # imports are not part of the measurement
+import gpuguard.logs  # imports are not part of the measurement
 start = time.perf_counter()
 {body}
 print(json.dumps({{"seconds": time.perf_counter() - start, "kinds": kinds}}))
@@ -102,7 +102,7 @@ def run(body: str, path: Path, pythonpath: str = "") -> dict:
 
 
 def grep_seconds(path: Path) -> float:
-    from gpuguard.explain import KEYWORDS
+    from gpuguard.logs import KEYWORDS
 
     args = ["grep", "-c", "-F"] + [a for k in KEYWORDS for a in ("-e", k)] + [str(path)]
     start = time.perf_counter()

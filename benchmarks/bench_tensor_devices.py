@@ -9,7 +9,7 @@
    on the 1,000-parameter model. The model's forward is made trivial (it returns its input) so that the
    hook's cost is not lost in the noise of 500 Linear layers; the hooks still check all 1,000 parameters.
    A no-op pre-hook is timed too: PyTorch's own price for calling any pre-hook.
-3. The same two checks in gpuguard's Python implementation (gpuguard._python_checks, what runs where the compiled
+3. The same two checks in gpuguard's Python implementation (gpuguard.tensors._python_checks, what runs where the compiled
    gpuguard._libtorch cannot load, e.g. after a torch upgrade), beside the compiled ones, with the ratio.
 
 Targets: 1,000 parameters: assert_same_device >= 50x faster than the idiom; guard() <= the no-op hook + 3 us.
@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 import gpuguard  # the installed package; PYTHONPATH=python measures this checkout's in-place build
-from gpuguard import _libtorch_loader, _python_checks
+from gpuguard import _libtorch_loader
+from gpuguard.tensors import _python_checks
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -37,7 +37,7 @@ class Nccl {
   // $GPUGUARD_LIBNCCL alone if set; otherwise libnccl.so.2 then libnccl.so (after the RTLD_NOLOAD look-up and
   // the file given to prefer()).
   static std::vector<std::string> library_candidates();
-  // The NCCL the job will load (torch's, which Python finds: gpuguard.nccl_library), tried before the loader's
+  // The NCCL the job will load (torch's, which Python finds: gpuguard.system.nccl_library), tried before the loader's
   // search unless $GPUGUARD_LIBNCCL is set or a libnccl.so.2 is already loaded. False once NCCL was loaded.
   bool prefer(std::string path, std::string origin) { return lib_.prefer(std::move(path), std::move(origin)); }
 

@@ -8,16 +8,14 @@ initialisation, and a library that did so at import would freeze the wrong visib
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; at run time each loads on first use
     from ._libtorch_loader import TORCH_VERSION_BUILT_FOR
-    from .binding import Binding, bind, init_process_group
-    from .devices import CudaStatus, Device, cuda_status, devices
-    from .doctor import DoctorReport, Finding
-    from .doctor import run_doctor as doctor
+    from .api import bind, watch
+    from .binding import Binding, init_process_group
+    from .doctor_report import DoctorReport, Finding
+    from .doctor_report import run_doctor as doctor
     from .errors import (
         CudaStateError,
         DeviceMismatchError,
@@ -32,11 +30,12 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; at run time ea
         RendezvousTimeoutError,
         StrayContextError,
     )
-    from .explain import Diagnosis, Evidence, explain, explain_file
+    from .logs import Diagnosis, Evidence, explain, explain_file
     from .binding.launchers import LaunchContext, detect as detect_launcher
-    from .tensor_devices import GuardHandle, assert_same_device, find_device_mismatch, guard, same_device
+    from .system.devices import CudaStatus, Device, cuda_status, devices
+    from .tensors.tensor_devices import GuardHandle, assert_same_device, find_device_mismatch, guard, same_device
     from .ray import PlacementReport, RayPlacement, ray_placement
-    from .watchdog import Watch, watch
+    from .watchdog import Watch
 
 from ._version import __version__
 from .supported_versions import python_problem as _python_problem
@@ -48,38 +47,40 @@ if _python_problem():  # an older Python fails later, somewhere, with a less cle
 # that needs no torch starts without importing it: torch alone costs seconds and most of a gigabyte. The compiled
 # modules are imported by the modules that use them: gpuguard._core (no torch) directly, gpuguard._libtorch (the
 # tensor checks) through _libtorch_loader, which imports torch first and checks the version it was built for.
+# No module shares its name with a public function (devices(): system/devices.py, doctor(): doctor_report.py,
+# explain(): logs/), so importing a module never replaces a name here.
 _LAZY: dict[str, tuple[str, str]] = {
     "TORCH_VERSION_BUILT_FOR": ("._libtorch_loader", "TORCH_VERSION_BUILT_FOR"),
     "Binding": (".binding", "Binding"),
-    "bind": (".binding", "bind"),
+    "bind": (".api", "bind"),
     "init_process_group": (".binding", "init_process_group"),
-    "CudaStatus": (".devices", "CudaStatus"),
-    "Device": (".devices", "Device"),
-    "cuda_status": (".devices", "cuda_status"),
-    "devices": (".devices", "devices"),
-    "DoctorReport": (".doctor", "DoctorReport"),
-    "Finding": (".doctor", "Finding"),
-    "doctor": (".doctor", "run_doctor"),
+    "CudaStatus": (".system.devices", "CudaStatus"),
+    "Device": (".system.devices", "Device"),
+    "cuda_status": (".system.devices", "cuda_status"),
+    "devices": (".system.devices", "devices"),
+    "DoctorReport": (".doctor_report", "DoctorReport"),
+    "Finding": (".doctor_report", "Finding"),
+    "doctor": (".doctor_report", "run_doctor"),
     **{name: (".errors", name) for name in (
         "CudaStateError", "DeviceMismatchError", "DuplicateDeviceError", "ForeignProcessError", "GpuGuardError",
         "GpuGuardWarning", "LaunchEnvironmentError", "RankMappingError", "RayPlacementError", "RayRendezvousError",
         "RendezvousTimeoutError", "StrayContextError")},
-    "Diagnosis": (".explain", "Diagnosis"),
-    "Evidence": (".explain", "Evidence"),
-    "explain": (".explain", "explain"),
-    "explain_file": (".explain", "explain_file"),
+    "Diagnosis": (".logs", "Diagnosis"),
+    "Evidence": (".logs", "Evidence"),
+    "explain": (".logs", "explain"),
+    "explain_file": (".logs", "explain_file"),
     "LaunchContext": (".binding.launchers", "LaunchContext"),
     "detect_launcher": (".binding.launchers", "detect"),
-    "GuardHandle": (".tensor_devices", "GuardHandle"),
-    "assert_same_device": (".tensor_devices", "assert_same_device"),
-    "guard": (".tensor_devices", "guard"),
-    "find_device_mismatch": (".tensor_devices", "find_device_mismatch"),
-    "same_device": (".tensor_devices", "same_device"),
+    "GuardHandle": (".tensors.tensor_devices", "GuardHandle"),
+    "assert_same_device": (".tensors.tensor_devices", "assert_same_device"),
+    "guard": (".tensors.tensor_devices", "guard"),
+    "find_device_mismatch": (".tensors.tensor_devices", "find_device_mismatch"),
+    "same_device": (".tensors.tensor_devices", "same_device"),
     "PlacementReport": (".ray", "PlacementReport"),
     "RayPlacement": (".ray", "RayPlacement"),
     "ray_placement": (".ray", "ray_placement"),
     "Watch": (".watchdog", "Watch"),
-    "watch": (".watchdog", "watch"),
+    "watch": (".api", "watch"),
 }
 
 
@@ -94,27 +95,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
-
-
-# Three public functions share their name with the module that defines them (gpuguard.devices() in
-# gpuguard/devices.py, ...). Importing such a module sets it as the package's attribute; here the function keeps
-# the name, as it did when this file imported everything at once. The modules stay in sys.modules.
-_FUNCTIONS_NAMED_LIKE_MODULES = frozenset({"devices", "doctor", "explain"})
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FUNCTIONS_NAMED_LIKE_MODULES and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        # A module pickles by reference: cloudpickle (Ray) does so only for exactly types.ModuleType, so a Ray actor
-        # defined in a driver script that uses `gpuguard.` would fail "cannot pickle '_Package' object" without this.
-        return importlib.import_module, (self.__name__,)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

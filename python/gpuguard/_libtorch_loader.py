@@ -5,7 +5,7 @@ _libtorch links LibTorch, so it is bound to the torch it was compiled against: p
 after that the module's symbols no longer match. Everything else gpuguard does (bind(), the zero-code checks,
 watch(), the command line, explain) lives in the torch-free gpuguard._core and keeps working. The tensor checks
 (assert_same_device, @same_device, guard() and find_device_mismatch) take their implementation from
-tensor_checks(): the compiled module when it loads, else gpuguard._python_checks, which computes and words the
+tensor_checks(): the compiled module when it loads, else gpuguard.tensors._python_checks, which computes and words the
 same reports; the first fallback warns once, naming the rebuild command, and ``gpuguard doctor`` says which
 path runs. Only the flight recorder reader (watch()) has no Python twin: libtorch() raises for it.
 """
@@ -94,7 +94,7 @@ def libtorch() -> ModuleType:
 
 
 def tensor_checks() -> ModuleType:
-    """The tensor checks' implementation: gpuguard._libtorch when it loads, else gpuguard._python_checks (the same
+    """The tensor checks' implementation: gpuguard._libtorch when it loads, else gpuguard.tensors._python_checks (the same
     functions, reports and errors, in Python), after one GpuGuardWarning per process that says why and how to
     rebuild. Decided on the first call."""
     global _checks
@@ -103,7 +103,7 @@ def tensor_checks() -> ModuleType:
     try:
         _checks = libtorch()
     except ImportError as exc:
-        from . import _python_checks
+        from .tensors import _python_checks
         from .errors import GpuGuardWarning
 
         _checks = _python_checks

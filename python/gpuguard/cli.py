@@ -11,7 +11,7 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from .devices import cuda_status, devices
+    from .system.devices import cuda_status, devices
 
     found = devices()
     status = cuda_status()
@@ -34,7 +34,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import LogExplainer, format_diagnoses
+    from .logs import LogExplainer, format_diagnoses
 
     explainer = LogExplainer(match_local=not args.no_local, log_is_local=args.this_host)
     if args.file in (None, "-"):
@@ -59,7 +59,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import format_report, run_doctor
+    from .doctor_report import format_report, run_doctor
 
     if args.timeout <= 0:
         print(f"gpuguard doctor: --timeout must be a positive number of seconds, not {args.timeout:g}",
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_devices)
 
-    from .explain import HELP as EXPLAINS
+    from .logs import HELP as EXPLAINS
 
     p = sub.add_parser("explain", help="decode an NCCL / PyTorch / Ray error message or a whole log",
                        description="Reads one error message or a whole log (ranks interleaved, launcher "

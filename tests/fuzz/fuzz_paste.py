@@ -17,8 +17,8 @@ import time
 from typing import Callable
 
 import paste_corpus as pc
-from gpuguard.explain import explain
-from gpuguard.explain.wrapping import MIN_WRAPPED_CHARS
+from gpuguard.logs import explain
+from gpuguard.logs.wrapping import MIN_WRAPPED_CHARS
 
 
 def _break_somewhere(rnd: random.Random) -> Callable[[str], str]:

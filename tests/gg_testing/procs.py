@@ -125,7 +125,7 @@ def wait_all(procs: Iterable[subprocess.Popen], timeout: float) -> bool:
     return True
 
 
-#: Prepended to a script run in a fresh interpreter: its tensor checks run in Python (gpuguard._python_checks), as
+#: Prepended to a script run in a fresh interpreter: its tensor checks run in Python (gpuguard.tensors._python_checks), as
 #: where gpuguard._libtorch cannot load, without the warning that says so.
-USE_PYTHON_CHECKS = ("import gpuguard._libtorch_loader as _loader, gpuguard._python_checks as _python_checks\n"
+USE_PYTHON_CHECKS = ("import gpuguard._libtorch_loader as _loader, gpuguard.tensors._python_checks as _python_checks\n"
                      "_loader._checks = _python_checks\n")

@@ -1,7 +1,7 @@
 """The corpus of pasted shapes: every recogniser's own examples x every way copying a log changes it, and the check
 that each shape gives the clean text's diagnosis with the same numbers, or says a value is unreadable.
 
-A recogniser joins the corpus by declaring ``examples`` (explain/recogniser.py: ``Example(text, kind, ranks,
+A recogniser joins the corpus by declaring ``examples`` (logs/recogniser.py: ``Example(text, kind, ranks,
 values)``); nothing here names one. The transformations are those a log meets between the program and explain:
 
   program   a log header before each line (ISO 8601 / Python logging, glog / c10, logging's default), after the
@@ -29,9 +29,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Optional, Sequence
 
-from gpuguard.explain import RECOGNISERS, Diagnosis, explain
-from gpuguard.explain.recogniser import Example
-from gpuguard.explain.wrapping import MIN_WRAPPED_CHARS
+from gpuguard.logs import RECOGNISERS, Diagnosis, explain
+from gpuguard.logs.recogniser import Example
+from gpuguard.logs.wrapping import MIN_WRAPPED_CHARS
 
 Transform = Callable[[str], str]
 

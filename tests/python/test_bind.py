@@ -21,7 +21,7 @@ from gpuguard.binding.cuda_state import check_cuda_state, earlier_initialisation
 from gpuguard.binding.device_choice import check_visibility, resolve_device
 from gpuguard.binding.launchers import LaunchContext, detect
 from gpuguard.binding.visible_devices import parse_visible_devices
-from gpuguard.devices import Device
+from gpuguard.system.devices import Device
 
 
 

@@ -14,7 +14,7 @@ import pytest
 from gg_testing.env import no_driver_env
 from gg_testing.procs import run_cli
 
-from gpuguard.devices import Device
+from gpuguard.system.devices import Device
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 
@@ -46,7 +46,7 @@ def codes(doc: dict) -> dict[str, dict]:
 def test_doctor_reads_torch_from_its_files_as_torch_itself_says_without_importing_it():
     proc = run_cli(["doctor", "--json"], no_driver_env(PYTHONPROFILEIMPORTTIME="1"))
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line]
-    assert "gpuguard.doctor" in imported and "torch" not in imported
+    assert "gpuguard.doctor_report" in imported and "torch" not in imported
     versions = json.loads(proc.stdout)["versions"]
     import torch
     assert versions["torch"] == torch.__version__
@@ -201,7 +201,7 @@ def test_a_hung_probe_child_is_killed_at_the_deadline_and_its_progress_kept():
 
 def test_a_peer_copy_that_hangs_is_named(monkeypatch):
     import gpuguard.probes.run as probes
-    from gpuguard.doctor import DoctorReport, _p2p
+    from gpuguard.doctor_report import DoctorReport, _p2p
 
     # a probe child that copies 0 -> 1, then hangs in 1 -> 0, as a broken driver would
     script = ("import json, time\n"

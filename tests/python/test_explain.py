@@ -15,7 +15,7 @@ import pytest
 from gg_testing.paths import ROOT
 from gg_testing.procs import run_cli, run_json
 
-from gpuguard.explain import (
+from gpuguard.logs import (
     MAX_LINE_CHARS,
     LogExplainer,
     explain,
@@ -326,7 +326,7 @@ def test_caps_hold_however_many_ranks_and_lines_repeat():
 
 BOUNDED = r"""
 import json, os, resource, sys, time
-from gpuguard.explain import explain_file
+from gpuguard.logs import explain_file
 path = sys.argv[1]
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()

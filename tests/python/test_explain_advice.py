@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuguard.explain import LogExplainer, explain
+from gpuguard.logs import LogExplainer, explain
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gg_testing.env import no_driver_env
-from gpuguard.explain import explain, kinds_in
+from gpuguard.logs import explain, kinds_in
 
 KIND = "gpuguard_device_mismatch"
 

@@ -9,7 +9,7 @@ import time
 import paste_corpus as pc
 import pytest
 
-from gpuguard.explain import RECOGNISERS, explain
+from gpuguard.logs import RECOGNISERS, explain
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 
@@ -18,7 +18,7 @@ def test_every_recogniser_declares_examples_for_every_kind_it_makes():
     for r in RECOGNISERS:
         declared = {e.kind for e in r.examples}
         assert declared == set(r.kinds), (f"{type(r).__name__} must declare an Example for each of its kinds "
-                                          f"(explain/recogniser.py): missing {sorted(set(r.kinds) - declared)}")
+                                          f"(logs/recogniser.py): missing {sorted(set(r.kinds) - declared)}")
 
 
 @pytest.mark.parametrize("example", pc.examples(), ids=lambda e: e.kind)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpuguard.explain import explain
+from gpuguard.logs import explain
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 

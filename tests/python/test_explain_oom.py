@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from gg_testing.paths import ROOT
-from gpuguard.explain import LogExplainer, explain, kinds_in
-from gpuguard.explain.recognisers.cuda_oom import parse_message
+from gpuguard.logs import LogExplainer, explain, kinds_in
+from gpuguard.logs.recognisers.cuda_oom import parse_message
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from gpuguard import _core
-from gpuguard.explain import explain
-from gpuguard.explain import paste_rules as rules
-from gpuguard.explain.lines import read_prefixes
-from gpuguard.explain.normalise import normalise
-from gpuguard.explain.registry import FILTER_GROUPS, FILTER_KEYWORDS, LINE_END_GROUPS, LINE_END_HEADS
+from gpuguard.logs import explain
+from gpuguard.logs import paste_rules as rules
+from gpuguard.logs.lines import read_prefixes
+from gpuguard.logs.normalise import normalise
+from gpuguard.logs.registry import FILTER_GROUPS, FILTER_KEYWORDS, LINE_END_GROUPS, LINE_END_HEADS
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 

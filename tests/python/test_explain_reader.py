@@ -17,7 +17,7 @@ import pytest
 from gg_testing.paths import ROOT
 
 from gpuguard import _core
-from gpuguard.explain import explain
+from gpuguard.logs import explain
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 
@@ -191,7 +191,7 @@ def test_gpuguard_explain_on_empty_input_starts_small():
 
 def test_the_core_loads_without_torch_and_the_tensor_checks_load_it():
     script = ("import sys, gpuguard; assert 'torch' not in sys.modules; import gpuguard._core; "
-              "import gpuguard.devices, gpuguard.explain; "
+              "import gpuguard.system.devices, gpuguard.logs.explainer; "
               "light = 'torch' in sys.modules; from gpuguard._libtorch_loader import libtorch; libtorch(); "
               "print(light, 'torch' in sys.modules, callable(gpuguard.devices), callable(gpuguard.explain), "
               "gpuguard.TORCH_VERSION_BUILT_FOR is not None, sorted(set(gpuguard.__all__) - set(dir(gpuguard))))")

@@ -1,5 +1,5 @@
 """explain's recognisers behind one interface: the registry decides kinds, reading order and help; every error's
-``fix`` is its message's fix sentence(s); placement.nccl_check asks explain's recognisers, not a substring."""
+``fix`` is its message's fix sentence(s); placement.nccl_check asks the duplicate-GPU recogniser, not a substring."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from gpuguard.binding.device_choice import check_visibility
 from gpuguard.binding.visible_devices import parse_visible_devices
 from gpuguard.cli import build_parser
 from gpuguard.errors import DuplicateDeviceError, GpuGuardError, LaunchEnvironmentError
-from gpuguard.explain import HELP, KINDS, RECOGNISERS, LogExplainer, Recogniser, format_diagnoses, kinds_in
-from gpuguard.explain.registry import READING_ORDER, _reading_order
+from gpuguard.logs import HELP, KINDS, RECOGNISERS, LogExplainer, Recogniser, format_diagnoses, kinds_in
+from gpuguard.logs.registry import READING_ORDER, _reading_order
 from gpuguard.placement import nccl_check
 from gpuguard.placement.verdict import raise_for
 

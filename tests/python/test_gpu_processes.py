@@ -194,7 +194,8 @@ def test_other_ranks_stray_contexts_on_my_gpu_are_not_foreign_processes(fake_gpu
 def test_a_context_made_after_bind_is_reported_once_with_the_stack_that_made_it(fake_gpus):
     env = scrubbed(fake_gpus.env("h100x4", GPUGUARD_CONTEXT_POLL_S="0"))
     proc = run_python(with_touch("""
-        from gpuguard import context_monitor, devices
+        from gpuguard import devices
+        from gpuguard.system import context_monitor
         devices()
         monitor = context_monitor.start(rank=3, own_index=1)
 
@@ -220,7 +221,8 @@ def test_the_monitor_thread_finds_contexts_no_watched_call_made(fake_gpus):
     env = scrubbed(fake_gpus.env("h100x4", GPUGUARD_CONTEXT_POLL_S="0.1"))
     proc = run_python(with_touch("""
         import time
-        from gpuguard import context_monitor, devices
+        from gpuguard import devices
+        from gpuguard.system import context_monitor
         devices()
         monitor = context_monitor.start(rank=0, own_index=2)
         touch_cuda0()
@@ -237,7 +239,8 @@ def test_zero_code_mode_wraps_torch_load_for_the_monitor(fake_gpus, tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     proc = run_python(with_touch(f"""
         import torch
-        from gpuguard import context_monitor, devices
+        from gpuguard import devices
+        from gpuguard.system import context_monitor
 
         class SavedOnCuda0:  # stands for tensors saved from cuda:0: loading them makes a context there
             def __init__(self):

@@ -1,4 +1,4 @@
-"""Which NCCL gpuguard loads (gpuguard.nccl_library): torch's, not the loader's first libnccl.so.2, and doctor
+"""Which NCCL gpuguard loads (gpuguard.system.nccl_library): torch's, not the loader's first libnccl.so.2, and doctor
 naming both when they differ.
 
 Two copies of the fake NCCL stand in for two NCCLs: NCCL 2.28.9 in a fake nvidia-nccl-cu13 wheel beside a fake
@@ -72,7 +72,7 @@ def two_nccls(tmp_path: Path, fakes_dir: Path) -> TwoNccls:
 # answered from, and every libnccl.so.2 mapped.
 LOAD_GPUGUARD_THEN_TORCH = """
     import ctypes, json
-    from gpuguard.nccl_library import nccl_status
+    from gpuguard.system.nccl_library import nccl_status
     st = nccl_status()
     torch_cuda = ctypes.CDLL({torch_cuda!r})
     with open("/proc/self/maps") as f:
@@ -108,7 +108,7 @@ def test_a_copy_already_in_the_process_comes_before_torchs_files(fake_gpus, two_
     code = f"""
         import ctypes, json
         ctypes.CDLL({str(two_nccls.system_library)!r})  # another library's NCCL, loaded before gpuguard's first call
-        from gpuguard.nccl_library import nccl_status
+        from gpuguard.system.nccl_library import nccl_status
         print(json.dumps(nccl_status().as_dict()))
     """
     st = json.loads(run_python(code, two_nccls.env(fake_gpus)).stdout)
@@ -118,7 +118,7 @@ def test_a_copy_already_in_the_process_comes_before_torchs_files(fake_gpus, two_
 
 def test_a_torch_nccl_that_does_not_load_is_passed_over_saying_why(fake_gpus, two_nccls):
     two_nccls.wheel_library.write_bytes(b"not a shared object")
-    code = "import json; from gpuguard.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
+    code = "import json; from gpuguard.system.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
     st = json.loads(run_python(code, two_nccls.env(fake_gpus)).stdout)
     assert st["library"] == str(two_nccls.system_library) and st["version_string"] == "2.28.3"
     assert st["found_by"].startswith(f"the dynamic loader's search for libnccl.so.2 (torch's NCCL ({RPATH_RULE}) "
@@ -128,7 +128,7 @@ def test_a_torch_nccl_that_does_not_load_is_passed_over_saying_why(fake_gpus, tw
 def test_without_a_cuda_torch_the_installed_nccl_wheel_comes_before_the_loaders_search(fake_gpus, tmp_path,
                                                                                          fakes_dir):
     cpu_torch = TwoNccls(tmp_path, fakes_dir, cuda=None)
-    code = "import json; from gpuguard.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
+    code = "import json; from gpuguard.system.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
     st = json.loads(run_python(code, cpu_torch.env(fake_gpus)).stdout)
     assert st["library"] == str(cpu_torch.wheel_library) and st["version_string"] == "2.28.9"
     assert st["found_by"] == "the nvidia-nccl-cu13 wheel (torch is a CPU-only build)"
@@ -136,7 +136,7 @@ def test_without_a_cuda_torch_the_installed_nccl_wheel_comes_before_the_loaders_
 
 def test_a_torch_whose_rpath_holds_no_nccl_takes_it_from_ld_library_path_and_so_does_gpuguard(fake_gpus, two_nccls):
     shutil.rmtree(two_nccls.site / "nvidia")
-    code = "import json; from gpuguard.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
+    code = "import json; from gpuguard.system.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
     st = json.loads(run_python(code, two_nccls.env(fake_gpus)).stdout)
     assert st["library"] == str(two_nccls.system_library)
     assert st["found_by"] == (f"torch's NCCL (LD_LIBRARY_PATH entry {two_nccls.system}, searched for "
@@ -146,7 +146,7 @@ def test_a_torch_whose_rpath_holds_no_nccl_takes_it_from_ld_library_path_and_so_
 def test_without_torch_or_a_wheel_gpuguard_takes_the_loaders_first_libnccl(fake_gpus, tmp_path, fakes_dir):
     no_torch = TwoNccls(tmp_path, fakes_dir, torch=False)
     shutil.rmtree(no_torch.site / "nvidia")
-    code = "import json; from gpuguard.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
+    code = "import json; from gpuguard.system.nccl_library import nccl_status; print(json.dumps(nccl_status().as_dict()))"
     # -S: no site-packages, so neither this venv's torch nor its NCCL wheel
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=no_torch.env(fake_gpus), capture_output=True,
                           text=True, timeout=120)
@@ -213,8 +213,8 @@ def test_doctor_says_how_to_mend_a_torch_nccl_that_does_not_load(fake_gpus, two_
 def test_torchs_nccl_read_from_its_files_is_the_one_torch_loads():
     """Against the real torch of this interpreter: the file and version read from libtorch_cuda.so and the wheel's
     metadata are what torch itself loads and reports."""
-    from gpuguard.installed_torch import installed_torch
-    from gpuguard.nccl_library import torch_nccl, wheel_version_of
+    from gpuguard.system.installed_torch import installed_torch
+    from gpuguard.system.nccl_library import torch_nccl, wheel_version_of
 
     installed = installed_torch()
     if installed is None or installed.cuda is None:

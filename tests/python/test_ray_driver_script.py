@@ -62,7 +62,7 @@ def test_the_package_and_what_it_hands_to_ray_pickle_by_reference_or_by_value():
 
     assert pickle.loads(cloudpickle.dumps(uses_gpuguard))() == (
         gpuguard.bind, gpuguard.DuplicateDeviceError, gpuguard.devices)
-    assert callable(gpuguard.devices)  # the function, not the module gpuguard/devices.py
+    assert callable(gpuguard.devices)  # the function, not the module gpuguard/system/devices.py
 
 
 @pytest.mark.parametrize("name", ["GpuGuardError", "DuplicateDeviceError", "DeviceMismatchError", "RankMappingError",

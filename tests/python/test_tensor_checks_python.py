@@ -1,4 +1,4 @@
-"""The tensor checks' Python implementation (gpuguard._python_checks, what runs where gpuguard._libtorch cannot load)
+"""The tensor checks' Python implementation (gpuguard.tensors._python_checks, what runs where gpuguard._libtorch cannot load)
 against the compiled one: the same verdict, message, cause, fix and fields, byte for byte, case by case.
 
 test_tensor_devices*.py run every test against both implementations; here each case is run by both in turn and
@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import gpuguard
-from gpuguard import _libtorch_loader, _python_checks
+from gpuguard import _libtorch_loader
+from gpuguard.tensors import _python_checks
 
 pytestmark = pytest.mark.follows_torch
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import gpuguard
-from gpuguard import compile_time
+from gpuguard.tensors import compile_time
 
 
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])

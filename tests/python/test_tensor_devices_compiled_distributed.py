@@ -170,7 +170,7 @@ def test_compiled_ddp_of_a_guarded_model_trains_and_stops_every_rank_at_trace_ti
     ranks = torchrun(script, tmp_path, env, how, pattern)
     for got in ranks.values():
         assert_compiled_and_stopped_at_trace_time(got, "0")
-        assert got["hooks"] == ["gpuguard.tensor_devices._DeepGuard", "gpuguard.tensor_devices.gpuguard_layer_check"]
+        assert got["hooks"] == ["gpuguard.tensors.tensor_devices._DeepGuard", "gpuguard.tensors.tensor_devices.gpuguard_layer_check"]
     # DDP kept the ranks' parameters equal, so equal losses after the first step on the same data are not asked;
     # that both ranks trained is (each rank its own data)
     assert ranks[0]["losses"] != ranks[1]["losses"]

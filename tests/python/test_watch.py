@@ -592,8 +592,14 @@ def test_the_node_tier_is_chosen_by_argument_then_variable_then_size():
         wanted(None, 8, 20_000, {VARIABLE: "yes"})
 
 
+def place(store_host, store_port, prefix, environ):
+    """The node tier's place for a rank whose launcher set ``environ``, read as gpuguard.watch() hands it over."""
+    from gpuguard.binding.launchers import detect
+    from gpuguard.watchdog import node_tier
+    return node_tier.place(store_host, store_port, prefix, lambda: detect(environ))
+
+
 def test_the_ranks_of_one_node_share_one_page_and_local_rank_0_writes_it():
-    from gpuguard.watchdog.node_tier import place
     follower = place("10.0.0.1", 29500, "gpuguard/watch/job/0/1/", TORCHRUN_NODE)
     leader = place("10.0.0.1", 29500, "gpuguard/watch/job/0/1/", dict(TORCHRUN_NODE, RANK="4", LOCAL_RANK="0"))
     other_node = place("10.0.0.1", 29500, "gpuguard/watch/job/0/1/", dict(TORCHRUN_NODE, RANK="0", LOCAL_RANK="0",
@@ -607,7 +613,6 @@ def test_the_ranks_of_one_node_share_one_page_and_local_rank_0_writes_it():
 
 
 def test_no_tier_where_the_launcher_does_not_say_who_shares_the_node(caplog):
-    from gpuguard.watchdog.node_tier import place
     alone = dict(TORCHRUN_NODE, LOCAL_WORLD_SIZE="1", LOCAL_RANK="0", WORLD_SIZE="2", RANK="1")
     assert place("h", 1, "p/", alone) is None  # one rank on its node: nothing to share
     with caplog.at_level("WARNING", logger="gpuguard"):

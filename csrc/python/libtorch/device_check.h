@@ -57,7 +57,7 @@ struct DeepCall {
   std::vector<const c10::TensorImpl*> traced_caller_inputs;
 };
 
-// fn(module, args, kwargs) as a check run while torch.compile traces (python/gpuguard/traced_checks.py), on the
+// fn(module, args, kwargs) as a check run while torch.compile traces (python/gpuguard/tensors/traced_checks.py), on the
 // tensors Dynamo traces with; guard(deep=True)'s DeepGuard then keeps its record of the root's call apart from
 // the eager one. Returns fn's result.
 py::object run_traced(py::handle fn, py::handle module, py::handle args, py::handle kwargs);

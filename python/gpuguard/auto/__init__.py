@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .. import context_monitor
+from ..system import context_monitor
 from . import device_index, enrich as _enrich, excepthooks, group_check
 from .patches import Patches
 
@@ -173,7 +173,7 @@ def _before_wrapping(what: str) -> Callable[[Any], Any]:
             elif chosen is not None:
                 device_index.check_index(chosen.index, chosen.how)
             if _flag("GPUGUARD_GUARD"):
-                from ..tensor_devices import guard
+                from ..tensors.tensor_devices import guard
                 guard(module, deep=True)
             return original(self, module, *args, **kwargs)
         return __init__
@@ -258,9 +258,16 @@ def enable(origin: str = "gpuguard.auto.enable()") -> None:
         global _watch
         from ..watchdog import watch_from_environment
 
-        _watch = watch_from_environment()  # GPUGUARD_WATCH=1: the collective watchdog, started before any group
+        _watch = watch_from_environment(launch_context=_launch_context)  # GPUGUARD_WATCH=1: the collective watchdog, started before any group
         _enabled = True
     _announce(origin)
+
+
+def _launch_context() -> Any:
+    """This process's launch context, for the watchdog's per-node tier (the watchdog imports no launcher)."""
+    from ..binding.launchers import detect
+
+    return detect(os.environ)
 
 
 def disable() -> None:

@@ -8,7 +8,7 @@ import os
 import socket
 from typing import Any, Optional
 
-from ..devices import devices
+from ..system.devices import devices
 from ..errors import GpuGuardError, RankMappingError
 from ..binding.device_choice import start_fewer_per_node
 from ..binding.launchers import LaunchContext, detect

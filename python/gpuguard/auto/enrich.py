@@ -53,7 +53,7 @@ def report(exc: BaseException) -> Optional[str]:
     if not is_device_mismatch(exc):
         return None
     from ..errors import DeviceMismatchError
-    from ..tensor_devices import assert_same_device
+    from ..tensors.tensor_devices import assert_same_device
 
     frames = _forward_frames(exc.__traceback__)
     if not frames:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 from .._core import host_fingerprint
 from ..deadline import Deadline
-from ..devices import devices
+from ..system.devices import devices
 from ..errors import DuplicateDeviceError, GpuGuardError, add_note
 from ..binding.launchers import LaunchContext, detect, run_id
 from ..binding.stray_contexts import stray_context_failure
@@ -307,6 +307,6 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
         raise
     record(verdict.kind, verdict.message)
     if n:  # from now on, a context made on another GPU is reported where it is made
-        from .. import context_monitor
+        from ..system import context_monitor
 
         context_monitor.start(me.rank, chosen.index)

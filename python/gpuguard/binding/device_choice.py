@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..devices import Device
+from ..system.devices import Device
 from ..errors import LaunchEnvironmentError, RankMappingError
 from .launchers import LaunchContext
 from .visible_devices import VisibleDevices, rejected_entry

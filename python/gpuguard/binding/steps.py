@@ -26,11 +26,11 @@ from typing import Any, Optional
 
 from .._core import driver_init_record, host_fingerprint
 from ..deadline import Deadline
-from ..devices import cuda_status, devices
+from ..system.devices import cuda_status, devices
 from ..errors import GpuGuardError, GpuGuardWarning, LaunchEnvironmentError, RankMappingError
 from ..group_name import is_group_name
 from ..placement import (RankIdentity, check_gpu_processes, exchange, find_store, hold_until_read, namespace_for,
-                         raise_for, verify_nccl_across_ranks)
+                         raise_for)
 from ..placement import foreign_processes
 from .binding import Binding
 from .cuda_state import check_cuda_state, earlier_initialisation
@@ -161,7 +161,7 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
         if me.failure_kind is None:
             check_gpu_processes(None, me, namespace="", deadline=deadline, require_exclusive=require_exclusive)
             if verify_nccl:
-                raise_for(verify_nccl_across_ranks(None, me, namespace="", deadline=deadline), me)
+                _verify_nccl(None, me, "", deadline)
         return
     namespace = namespace_for(found, me.group, me.rank, launch_id, deadline)
     started = time.monotonic()
@@ -182,7 +182,15 @@ def _meet_other_ranks(me: RankIdentity, binding: Optional[Binding], store: Any, 
             foreign_processes.hold_until_read(found, verdict.namespace, deadline)
         raise
     if verify_nccl:
-        raise_for(verify_nccl_across_ranks(found, me, namespace=verdict.namespace, deadline=deadline), me)
+        _verify_nccl(found, me, verdict.namespace, deadline)
+
+
+def _verify_nccl(found: Any, me: RankIdentity, namespace: str, deadline: Deadline) -> None:
+    """verify_nccl: a real NCCL communicator of the group (placement/nccl_check.py), imported only when asked for:
+    it loads the finder of the job's NCCL and the duplicate-GPU recogniser, which bind() needs for nothing else."""
+    from ..placement.nccl_check import verify_nccl_across_ranks
+
+    raise_for(verify_nccl_across_ranks(found, me, namespace=namespace, deadline=deadline), me)
 
 
 def _publish_ray_row(binding: Binding, found: Any) -> None:
@@ -282,40 +290,15 @@ def bind_in(context: LaunchContext, *, group: str, store: Any, deadline: Deadlin
 
 
 def bind(*, group: str = "default", store: Any = None, timeout: float = 60, verify_nccl: bool = False,
-         require_gpu: bool = False, watch: bool = False, rank: Optional[int] = None,
-         world_size: Optional[int] = None, local_rank: Optional[int] = None,
-         require_exclusive: bool = False) -> Binding:
-    """Binds this process to its GPU under whichever launcher started it, and returns the Binding.
-
-    group: the rank's group; ranks of different groups may share a GPU (colocated roles). The default
-      yields to ``GPUGUARD_GROUP`` in the environment.
-    store: where ranks meet for the cross-rank check (a torch.distributed Store); found automatically
-      when None. timeout: seconds for the whole call (the CUDA-state check, the other ranks, NCCL), after
-      which it returns or raises within a few seconds.
-    verify_nccl: also form a real NCCL communicator and run one small all-reduce on it under the deadline
-      (on a hang, again with NCCL_P2P_DISABLE=1, saying whether that cures it).
-    require_gpu: no GPU is an error instead of a warning and a CPU binding.
-    require_exclusive: a rank's GPU holding memory of processes outside this job (a leftover run, another user's
-      job) stops every rank with ForeignProcessError instead of a warning naming them.
-    watch: also start gpuguard.watch() (the collective watchdog, default settings) once bound.
-    rank, world_size, local_rank: for processes no launcher describes (torch.multiprocessing.spawn, Lightning's
-      own launcher, MPT): all three together, and the environment's launcher variables are then not read.
-      With more than one rank, pass store= too unless a default process group exists.
-
-    Raises LaunchEnvironmentError (launcher variables or CUDA_VISIBLE_DEVICES malformed or contradictory),
-    RankMappingError (no GPU for this local rank), CudaStateError (CUDA initialised with another
-    visibility), StrayContextError (a CUDA context of this process on another rank's GPU, made before
-    set_device), ForeignProcessError (require_exclusive); all are GpuGuardError.
-    """
+         require_gpu: bool = False, rank: Optional[int] = None, world_size: Optional[int] = None,
+         local_rank: Optional[int] = None, require_exclusive: bool = False) -> Binding:
+    """gpuguard.bind() without its watch= (gpuguard/api.py adds that): binds this process to its GPU under whichever
+    launcher started it, and returns the Binding. The arguments are gpuguard.bind()'s."""
     check_arguments(group, timeout)
     deadline = Deadline(timeout)
     context, failure = _context(rank, world_size, local_rank)
-    binding = bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
-                      require_gpu=require_gpu, failure=failure, require_exclusive=require_exclusive)
-    if watch:
-        from ..watchdog import watch as start_watch
-        start_watch()  # starts with the first collective if the process group does not exist yet
-    return binding
+    return bind_in(context, group=group, store=store, deadline=deadline, verify_nccl=verify_nccl,
+                   require_gpu=require_gpu, failure=failure, require_exclusive=require_exclusive)
 
 
 def preflight(*, group: str = "default", timeout: float = 60, verify_nccl: bool = False,

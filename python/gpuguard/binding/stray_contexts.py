@@ -2,7 +2,7 @@
 cuDevicePrimaryCtxGetState (which creates none) and reported with what the context costs.
 
 Error or warning, by cost. A primary context stays until the process exits (PyTorch's maintainers: it cannot be
-freed, pytorch/pytorch#20532, #109888) and holds some hundreds of MiB (gpu_processes.TYPICAL_CONTEXT_COST;
+freed, pytorch/pytorch#20532, #109888) and holds some hundreds of MiB (system/processes.py's TYPICAL_CONTEXT_COST;
 NVML's per-process figure for this pid when it is available). The usual causes (a checkpoint loaded without
 map_location, a torch.cuda call at import time) run on every rank, so the GPU they touch, cuda:0, carries one
 context per rank of the host: 7 x 414-871 MiB on an 8-GPU node in the reports cited there, 3-6 GiB taken from the
@@ -17,9 +17,9 @@ import logging
 import os
 from typing import Any, Optional, Sequence
 
-from .._core import active_primary_contexts
 from ..errors import StrayContextError
-from ..gpu_processes import TYPICAL_CONTEXT_COST, format_bytes, process_memory, usage_of
+from ..system.contexts import active_contexts
+from ..system.processes import TYPICAL_CONTEXT_COST, format_bytes, process_memory, usage_of
 
 logger = logging.getLogger("gpuguard")
 
@@ -31,15 +31,6 @@ CAUSES = ("Likely causes (until set_device is called, the current device is cuda
 FIX = ("Fix: call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) (or gpuguard.bind()) first, before anything "
        "else touches CUDA, and load checkpoints with torch.load(path, map_location='cpu'); or give each rank only "
        "its own GPU with CUDA_VISIBLE_DEVICES.")
-
-
-def active_contexts() -> list[int]:
-    """The visible devices holding a context of this process; [] when the driver cannot say (logged)."""
-    try:
-        return list(active_primary_contexts())
-    except RuntimeError as exc:  # a driver without cuDevicePrimaryCtxGetState: nothing to check with
-        logger.debug("gpuguard: cannot ask the driver for this process's contexts: %s", exc)
-        return []
 
 
 def _used_by(index: int, own: int, local_rank: Optional[int], local_world_size: Optional[int]) -> Optional[str]:

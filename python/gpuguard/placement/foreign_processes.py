@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ..deadline import GRACE_S, Deadline
 from ..errors import ForeignProcessError
-from ..gpu_processes import (UNLISTED_WORTH_SAYING_BYTES, describe_pid, format_bytes, unlisted_memory, usage_of)
+from ..system.processes import (UNLISTED_WORTH_SAYING_BYTES, describe_pid, format_bytes, unlisted_memory, usage_of)
 from .identity import RankIdentity
 from .stores import CheckedStore, Store
 from .verdict import Verdict

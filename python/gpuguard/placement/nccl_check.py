@@ -16,9 +16,9 @@ import os
 import time
 from typing import Any, Optional
 
-from ..nccl_library import nccl_probe, nccl_status, nccl_unique_id
+from ..system.nccl_library import nccl_probe, nccl_status, nccl_unique_id
 from ..deadline import Deadline
-from ..explain import kinds_in
+from ..logs.recognisers.duplicate_gpu import DuplicateGpu
 from .exchange import MAX_REPORTED_DEVICES, TIMEOUT_GRACE_S, publish, read_verdict
 from .identity import RankIdentity
 from .stores import CheckedStore, Store
@@ -33,8 +33,10 @@ DUPLICATE_FIX = "give every rank of the group its own GPU (see gpuguard.bind()'s
 
 
 def _names_a_duplicate(texts: str) -> bool:
-    """Whether NCCL's own words say two ranks share a GPU: explain's recogniser decides, not a substring."""
-    return "duplicate_gpu" in kinds_in(texts)
+    """Whether NCCL's own words say two ranks share a GPU: the duplicate-GPU recogniser's patterns decide, not a
+    substring. Only that recogniser is loaded (not the explainer and every other one), and the texts are NCCL's and
+    the probe's own lines, never a paste, so each line is matched as it is."""
+    return any(pattern.search(line) for line in texts.splitlines() for pattern in DuplicateGpu.patterns)
 
 
 def _verdict_from(failures: list[dict[str, Any]], failed_total: int, me: RankIdentity, timeout: float) -> Verdict:

@@ -40,7 +40,7 @@ def probe_p2p(nbytes: int) -> int:
 def probe_nccl(rank: int, nranks: int, device: int, timeout: float) -> int:
     """One rank of an all-reduce across the local GPUs. Rank 0 makes the unique id and prints it; the parent
     hands it to the other ranks on their standard input."""
-    from ..nccl_library import nccl_probe, nccl_unique_id
+    from ..system.nccl_library import nccl_probe, nccl_unique_id
 
     if rank == 0:
         try:

@@ -16,7 +16,7 @@ import os
 import socket
 import tempfile
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 logger = logging.getLogger("gpuguard")
 
@@ -57,14 +57,19 @@ def page_directory() -> str:
 
 
 def place(store_host: str, store_port: int, prefix: str,
-          environ: Mapping[str, str] = os.environ) -> Optional[NodeTier]:
+          launch_context: Optional[Callable[[], Any]]) -> Optional[NodeTier]:
     """This rank's place, from what the launcher says of its node (local rank and size, node rank); None, with
-    the reason logged, when the launcher does not say or the node holds one rank (nothing to share)."""
-    from ..binding.launchers import detect
+    the reason logged, when the launcher does not say or the node holds one rank (nothing to share).
+
+    ``launch_context`` reads the launcher's LaunchContext (given by gpuguard.watch(), which composes the launchers
+    and the watchdog: the watchdog imports no launcher)."""
     from ..errors import LaunchEnvironmentError
 
+    if launch_context is None:
+        logger.warning("gpuguard.watch: no per-node tier: no launch context was given to read this node's ranks from")
+        return None
     try:
-        context = detect(environ)
+        context = launch_context()
     except LaunchEnvironmentError as exc:
         logger.warning("gpuguard.watch: no per-node tier: %s", exc)
         return None

@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 import tempfile
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -92,7 +92,7 @@ def _store_address(store: Any) -> tuple[str, int]:
 def _watch_contexts(rank: int) -> bool:
     """Reports a CUDA context this rank makes on another GPU from now on (context_monitor), unless the zero-code
     mode already does; the rank's GPU is the current device, once torch has initialised CUDA."""
-    from .. import context_monitor
+    from ..system import context_monitor
 
     if context_monitor.current() is not None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return False
@@ -113,7 +113,8 @@ class Watch:
     """One rank's running watchdog (see watch()). stop() ends it and restores torch.distributed."""
 
     def __init__(self, *, stall_after: Optional[float], on_stall: str, store: Any, report_dir: Optional[str],
-                 tick: Optional[float], gather: float, node_tier: Optional[bool] = None) -> None:
+                 tick: Optional[float], gather: float, node_tier: Optional[bool] = None,
+                 launch_context: Optional[Callable[[], Any]] = None) -> None:
         global _generation
         _generation += 1
         self.stall_after = stall_after
@@ -123,6 +124,7 @@ class Watch:
         self._tick = tick
         self._gather = gather
         self._node_tier = node_tier
+        self._launch_context = launch_context
         self._generation = _generation
         self._dog: Optional[Watchdog] = None
         self._failed = False
@@ -149,7 +151,7 @@ class Watch:
         rank, world_size = dist.get_rank(), dist.get_world_size()
         run = os.environ.get("TORCHELASTIC_RUN_ID", "job") + "/" + os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         prefix = f"gpuguard/watch/{run}/{self._generation}/"
-        tier = (tiers.place(host, port, prefix)
+        tier = (tiers.place(host, port, prefix, self._launch_context)
                 if tiers.wanted(self._node_tier, world_size, NODE_TIER_ABOVE_RANKS) else None)
         if tier is not None and tier.leader:
             tiers.remove_abandoned(tier)
@@ -292,7 +294,7 @@ class Watch:
         global _active
         self._wrapped.restore()
         if getattr(self, "_watches_contexts", False):
-            from .. import context_monitor
+            from ..system import context_monitor
 
             context_monitor.stop()
         if self._dog is not None:
@@ -312,7 +314,8 @@ class Watch:
 
 def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
           store: Union[None, Any, tuple[str, int]] = None, report_dir: Optional[str] = None,
-          tick: Optional[float] = None, gather: float = 5.0, node_tier: Optional[bool] = None) -> Watch:
+          tick: Optional[float] = None, gather: float = 5.0, node_tier: Optional[bool] = None,
+          launch_context: Optional[Callable[[], Any]] = None) -> Watch:
     """Watches this rank's collectives; call it on every rank. Returns the running Watch (stop() ends it).
 
     When a collective has waited longer than ``stall_after`` seconds (None: adaptive, four times the longest
@@ -342,12 +345,13 @@ def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
         raise ValueError(f"node_tier={node_tier!r}: give True, False or None (decided by the job's size)")
     tiers.wanted(node_tier, 1, NODE_TIER_ABOVE_RANKS)  # a bad GPUGUARD_WATCH_NODE_TIER is refused here, not later
     _active = Watch(stall_after=stall_after, on_stall=on_stall, store=store, report_dir=report_dir, tick=tick,
-                    gather=gather, node_tier=node_tier)
+                    gather=gather, node_tier=node_tier, launch_context=launch_context)
     atexit.register(_active.stop)
     return _active
 
 
-def watch_from_environment(environ: Mapping[str, str] = os.environ) -> Optional[Watch]:
+def watch_from_environment(environ: Mapping[str, str] = os.environ,
+                           launch_context: Optional[Callable[[], Any]] = None) -> Optional[Watch]:
     """The zero-code entry point: watch() when GPUGUARD_WATCH=1, with GPUGUARD_STALL_AFTER (seconds) and
     GPUGUARD_ON_STALL (report|raise) if set; None otherwise."""
     if environ.get("GPUGUARD_WATCH", "") in ("", "0"):
@@ -358,4 +362,4 @@ def watch_from_environment(environ: Mapping[str, str] = os.environ) -> Optional[
     except ValueError:
         raise ValueError(f"GPUGUARD_STALL_AFTER={raw!r}: give seconds, e.g. 300") from None
     return watch(stall_after, on_stall=environ.get("GPUGUARD_ON_STALL", "report"),
-                 report_dir=environ.get("GPUGUARD_WATCH_DIR") or None)
+                 report_dir=environ.get("GPUGUARD_WATCH_DIR") or None, launch_context=launch_context)

@@ -34,7 +34,7 @@ def test_cuda_graphs_replay_without_any_gpuguard_work(report, monkeypatch):
     the eager check and by none of the 50 replays, and no check ran after compiling."""
     import torch
     import gpuguard
-    from gpuguard import compile_time
+    from gpuguard.tensors import compile_time
     from torch._dynamo.utils import counters
 
     torch.compiler.reset()
@@ -68,7 +68,7 @@ def test_default_mode_checks_when_dynamo_traces_and_never_after(report, monkeypa
     the 50 calls after, and the compiled step computes what the eager model does."""
     import torch
     import gpuguard
-    from gpuguard import compile_time
+    from gpuguard.tensors import compile_time
 
     torch.compiler.reset()
     checks: list[int] = []
@@ -99,7 +99,7 @@ def test_a_mismatch_stops_compilation_before_any_graph_is_captured(report, mode)
     """A CPU input to the CUDA model: CompileTimeDeviceMismatchError, the eager report, when Dynamo traces."""
     import torch
     import gpuguard
-    from gpuguard.compile_time import CompileTimeDeviceMismatchError
+    from gpuguard.tensors.compile_time import CompileTimeDeviceMismatchError
 
     torch.compiler.reset()
     model = _model()

@@ -95,7 +95,7 @@ def test_nccl_lines_are_nccls_own_and_never_a_message_quoting_them():
 @pytest.mark.version_independent
 def test_the_nccl_line_helper_knows_the_examples_explain_is_tested_on():
     # the duplicate-GPU recogniser's examples are NCCL's WARN lines as users pasted them
-    from gpuguard.explain.recognisers.duplicate_gpu import DuplicateGpu
+    from gpuguard.logs.recognisers.duplicate_gpu import DuplicateGpu
     warn_lines = [line for example in DuplicateGpu.examples for line in example.text.splitlines()
                   if " NCCL WARN " in line]
     assert warn_lines and nccl_lines("\n".join(warn_lines), "WARN") == warn_lines

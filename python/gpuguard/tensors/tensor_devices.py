@@ -10,7 +10,6 @@ gpuguard._python_checks instead: the same checks and reports in Python, slower.
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 import weakref
 from typing import Any, Callable, Optional, TypeVar, Union
@@ -19,8 +18,9 @@ import torch
 from torch import nn
 
 from . import traced_checks
-from ._libtorch_loader import tensor_checks
-from .errors import DeviceMismatchError
+from .arg_names import _forward_arg_names, _positional_names
+from .._libtorch_loader import tensor_checks
+from ..errors import DeviceMismatchError
 
 # True only in code torch.compile's Dynamo traces, where it sends the checks to traced_checks (run at trace time on
 # Dynamo's fake tensors); a plain False everywhere else. torch.compiler.is_dynamo_compiling exists since torch 2.3.
@@ -155,31 +155,6 @@ def _check_inputs(module: Optional[nn.Module], args: tuple[Any, ...], kwargs: Op
     checks = tensor_checks()
     if not checks.checks_disabled():
         checks.check_call(module, args, kwargs, expected, None)
-
-
-def _positional_names(fn: Callable[..., Any], n: int) -> list[str]:
-    """The parameter names the first ``n`` positional arguments of ``fn`` bind to (``*args`` ones as
-    ``args[i]``); only called to write a report."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return [f"args[{i}]" for i in range(n)]
-    out: list[str] = []
-    for p in params:
-        if len(out) == n:
-            break
-        if p.kind == p.VAR_POSITIONAL:
-            out.extend(f"{p.name}[{i}]" for i in range(n - len(out)))
-            break
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            out.append(p.name)
-    out.extend(f"args[{i}]" for i in range(len(out), n))
-    return out
-
-
-def _forward_arg_names(module: nn.Module, n: int) -> list[str]:
-    """Names of a forward's positional arguments (``self`` excluded), for the C++ pre-hooks' reports."""
-    return _positional_names(module.forward, n)
 
 
 def _traceable(check: Callable[..., None]) -> Callable[..., None]:

@@ -39,7 +39,7 @@ _FIX_ALONE = "Fix: move the tensors to one device"
 # with its line ends escaped ("\n"). Texts from torch 2.6 and 2.15 (torch/_dynamo/exc.py, convert_frame.py,
 # symbolic_convert.py, utils.py), as they print a DeviceMismatchError raised while Dynamo traced:
 _FORMS = (
-    # gpuguard's own, at trace time (python/gpuguard/compile_time.py): the report as the error's message
+    # gpuguard's own, at trace time (python/gpuguard/tensors/compile_time.py): the report as the error's message
     ("CompileTimeDeviceMismatchError: gpuguard: ", "compile_time"),
     # raised by code Dynamo ran while tracing (an assume_constant_result function, comptime): re-raised as
     # "torch._dynamo.exc.InternalTorchDynamoError: DeviceMismatchError: <message>"

@@ -32,7 +32,7 @@ from .elf_dynamic import read_dynamic_section
 from .installed_torch import NCCL_WHEELS, InstalledTorch, installed_torch, nccl_wheel
 
 if TYPE_CHECKING:
-    from ._core import NcclProbeOutcome, NcclStatus
+    from .._core import NcclProbeOutcome, NcclStatus
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def prefer_job_nccl() -> None:
             return
         choice = job_nccl()
         if choice is not None:
-            from ._core import nccl_prefer
+            from .._core import nccl_prefer
 
             nccl_prefer(*choice)
 
@@ -115,14 +115,14 @@ def prefer_job_nccl() -> None:
 def nccl_status() -> NcclStatus:
     """_core.nccl_status() of the NCCL this module chose (NcclStatus)."""
     prefer_job_nccl()
-    from ._core import nccl_status as status
+    from .._core import nccl_status as status
 
     return status()
 
 
 def nccl_unique_id() -> bytes:
     prefer_job_nccl()
-    from ._core import nccl_unique_id as unique_id
+    from .._core import nccl_unique_id as unique_id
 
     return unique_id()
 
@@ -130,7 +130,7 @@ def nccl_unique_id() -> bytes:
 def nccl_probe(nranks: int, rank: int, unique_id: bytes, device: int, timeout_s: float,
                all_reduce: bool = False) -> NcclProbeOutcome:
     prefer_job_nccl()
-    from ._core import nccl_probe as probe
+    from .._core import nccl_probe as probe
 
     return probe(nranks, rank, unique_id, device, timeout_s, all_reduce)
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ._core import GpuProcess, GpuUsage, gpu_usage, nvml_status
+from .._core import GpuProcess, GpuUsage, gpu_usage, nvml_status
 
 #: What one CUDA context holds when NVML cannot measure it, with where the numbers come from. Since CUDA 11.7
 #: loads kernels lazily: "around 400MB if CUDA >= 11.7 is used and lazy module loading enabled"

@@ -4,6 +4,18 @@ traced_checks.run() hands over the call's tensors by name; run_now() reads them 
 with, runs the eager check (C++, or its Python twin) on them and on the module's own tensors, and turns a DeviceMismatchError into
 CompileTimeDeviceMismatchError, the form Dynamo passes to the user unchanged. Imported only while Dynamo traces
 (it imports torch._dynamo).
+
+Why comptime. The checks must run once, on what Dynamo traces, and leave nothing in the graph. Dynamo cannot trace
+into C++ (a graph break; with fullgraph=True an error), and every other way to run real code while it traces costs
+something: a custom op with a fake implementation stays in the graph (a call per step, exported by torch.export)
+and its errors come back as Dynamo's "observed" RuntimeError with the message only;
+torch.compiler.assume_constant_result runs the graph so far (a second forward, on the GPU, while compiling) and
+refuses modules on torch 2.6; an error raised in traced Python reaches the user as "Unsupported: Observed
+exception" with its fields lost. torch._dynamo.comptime is Dynamo's interface for running Python while it traces:
+the check runs as in eager mode, its exception is a Python exception. Two reads go past ComptimeVar's methods
+(tested on torch 2.6 and 2.15): the object behind a module's or a hook's local, and a placeholder's real tensor.
+Dynamo re-raises any other exception from code it runs while tracing as InternalTorchDynamoError, dropping the
+original; TorchRuntimeError it passes through, hence CompileTimeDeviceMismatchError's second base.
 """
 
 from __future__ import annotations
@@ -15,8 +27,8 @@ import torch
 from torch._dynamo.comptime import ComptimeContext, ComptimeVar
 from torch._dynamo.exc import TorchRuntimeError
 
-from ._libtorch_loader import tensor_checks
-from .errors import DeviceMismatchError
+from .._libtorch_loader import tensor_checks
+from ..errors import DeviceMismatchError
 
 __all__ = ["CompileTimeDeviceMismatchError", "run_now"]
 

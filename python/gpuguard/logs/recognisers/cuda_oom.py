@@ -39,7 +39,7 @@ MAX_PIECES = 24
 #: Messages kept per kind (each rank of a job may print one).
 MAX_MESSAGES = 16
 #: A process holding at most this is about one CUDA context (300-500 MiB with CUDA >= 11.7, more before: see
-#: gpuguard.gpu_processes.TYPICAL_CONTEXT_COST) with a few small tensors.
+#: gpuguard.system.processes.TYPICAL_CONTEXT_COST) with a few small tensors.
 CONTEXT_SIZED = 1536 << 20
 
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}

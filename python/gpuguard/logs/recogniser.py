@@ -148,7 +148,7 @@ class Host:
             return None
         if self._devices is None:
             try:
-                from ..devices import devices
+                from ..system.devices import devices
 
                 self._devices = devices()
             except Exception:  # a broken driver must not stop the explanation

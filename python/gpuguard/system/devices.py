@@ -5,8 +5,8 @@ from __future__ import annotations
 # Device: one visible CUDA device (``index`` is its ordinal in this process: what ``cuda:N`` means here); the C++
 # record, with ``total_memory_gib`` and ``as_dict()``. CudaStatus: what the driver said: loaded or not, its
 # version, how many devices, and why there are none.
-from ._core import CudaStatus, Device, enumerate_devices
-from ._core import cuda_status as _cuda_status
+from .._core import CudaStatus, Device, enumerate_devices
+from .._core import cuda_status as _cuda_status
 
 
 def cuda_status() -> CudaStatus:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .devices import CudaStatus, Device, cuda_status, devices
+from .system.devices import CudaStatus, Device, cuda_status, devices
 from .errors import LaunchEnvironmentError, RankMappingError
 from .binding.visible_devices import VisibilityProblem, VisibleDevices, parse_visible_devices, rejected_entry
 
@@ -124,7 +124,7 @@ def _visibility_dict(v: Optional[VisibleDevices], problem: Optional[VisibilityPr
 def _versions(report: DoctorReport) -> None:
     from ._libtorch_loader import TORCH_VERSION_BUILT_FOR
     from ._version import __version__
-    from .installed_torch import installed_torch
+    from .system.installed_torch import installed_torch
 
     report.versions["gpuguard"] = __version__
     report.versions["gpuguard built for torch"] = TORCH_VERSION_BUILT_FOR
@@ -141,10 +141,10 @@ def _versions(report: DoctorReport) -> None:
 
 
 def _nccl_libraries(report: DoctorReport, torch: Any) -> None:
-    """gpuguard's NCCL (loaded as its probes load it, gpuguard.nccl_library) and torch's (read from torch's files),
+    """gpuguard's NCCL (loaded as its probes load it, gpuguard.system.nccl_library) and torch's (read from torch's files),
     each with its version and path; a warning when they are not the same file. Neither initialises CUDA nor
     imports torch."""
-    from .nccl_library import nccl_status, torch_nccl, wheel_version_of
+    from .system.nccl_library import nccl_status, torch_nccl, wheel_version_of
 
     status = nccl_status()
     theirs = torch_nccl(torch)
@@ -284,7 +284,7 @@ def _gpu_processes(report: DoctorReport) -> None:
     this login or job (the session leader of this process) are flagged as likely leftovers of an earlier run."""
     import pwd
 
-    from .gpu_processes import ancestors, describe_pid, format_bytes, session_start, unlisted_memory, usage_of
+    from .system.processes import ancestors, describe_pid, format_bytes, session_start, unlisted_memory, usage_of
 
     if not report.devices:
         return
@@ -323,7 +323,7 @@ def _tensor_checks(report: DoctorReport) -> None:
     """Which implementation the tensor checks run (the compiled gpuguard._libtorch, or its Python twin when that
     cannot load) and why, judged from the files alone, as _libtorch_loader will decide."""
     from ._libtorch_loader import REINSTALL, TORCH_VERSION_BUILT_FOR, built_for_another_torch
-    from .installed_torch import installed_torch
+    from .system.installed_torch import installed_torch
 
     torch = installed_torch()
     if torch is None:
@@ -349,7 +349,7 @@ def _tensor_checks(report: DoctorReport) -> None:
 
 
 def _torch_vs_driver(report: DoctorReport) -> None:
-    from .installed_torch import installed_torch
+    from .system.installed_torch import installed_torch
 
     torch = installed_torch()
     if torch is None:
@@ -488,8 +488,8 @@ P2P_DISABLE_COST = ("NCCL then moves data between this node's GPUs through host 
 
 
 def _nccl(report: DoctorReport, timeout: float) -> None:
-    from .explain import explain
-    from .nccl_library import nccl_status
+    from .logs.explainer import explain
+    from .system.nccl_library import nccl_status
     from .probes.run import nccl_all_reduce
 
     n = len(report.devices)
@@ -599,7 +599,7 @@ def format_report(report: DoctorReport) -> str:
         cc = f"{d.compute_capability[0]}.{d.compute_capability[1]}"
         lines.append(f"GPU {d.index}: {d.name}, {d.uuid}, {d.pci_bus_id}, {d.total_memory_gib:.1f} GiB, cc {cc}")
     if report.gpu_processes is not None:
-        from .gpu_processes import format_bytes
+        from .system.processes import format_bytes
 
         for row in report.gpu_processes:
             listed = "; ".join(f"pid {p['pid']} {format_bytes(p['bytes'] if p['bytes'] is not None else -1)} "

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .errors import DeviceMismatchError
+from ..errors import DeviceMismatchError
 
 __all__ = ["DeepGuard", "check_call", "checks_disabled", "compress_names", "forward_hook", "layer_hook",
            "run_traced"]
@@ -740,7 +740,7 @@ def _report_or_raise(module: Any, recurse: bool, args: Any, kwargs: Any, context
 
 def _forward_labels(module: Any) -> Callable[[int], Any]:
     def labels(n: int) -> Any:
-        from .tensor_devices import _forward_arg_names
+        from .arg_names import _forward_arg_names
         return _forward_arg_names(module, n)
     return labels
 

@@ -19,8 +19,8 @@ import traceback
 from types import FrameType
 from typing import Optional
 
-from .binding.stray_contexts import active_contexts
-from .gpu_processes import TYPICAL_CONTEXT_COST, format_bytes, process_memory, usage_of
+from .contexts import active_contexts
+from .processes import TYPICAL_CONTEXT_COST, format_bytes, process_memory, usage_of
 
 logger = logging.getLogger("gpuguard")
 
