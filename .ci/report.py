@@ -4,11 +4,11 @@ costing the most CPU, then the failed tests.
     python3 .ci/report.py OUT_DIR [N]
 
 OUT_DIR holds steps.tsv (corner, step, seconds, exit status, % of the machine's CPU time busy: one line a step,
-written by .ci/run) and the JUnit XML files pytest wrote there (junit-*.xml), with each test's CPU seconds where tests/gg_testing/cpu_time.py
-recorded them (this machine is CPU-bound: wall times say more about a test's neighbours). Last come the failed
-tests, each with the statement that failed and its error, so that the end of CI's log (often all that is kept of
-it) says why. Standard library only: it runs with whatever python3 the machine has, even when a corner's venv
-could not be made.
+written by .ci/run) and the JUnit XML files pytest wrote there (junit-*.xml), with each test's CPU seconds where
+tests/gg_testing/cpu_time.py recorded them (this machine is CPU-bound: wall times say more about a test's
+neighbours). Last come the failed tests, each with the statement that failed and its error, so that the end of
+CI's log (often all that is kept of it) says why. Standard library only: it runs with whatever python3 the
+machine has, even when a corner's venv could not be made.
 """
 
 from __future__ import annotations
