@@ -1,11 +1,13 @@
-"""Prints CI's closing table: each corner's steps and their seconds, then the slowest tests of the whole run.
+"""Prints CI's closing table: each corner's steps and their seconds, the slowest tests of the whole run and those
+costing the most CPU, then the failed tests.
 
     python3 .ci/report.py OUT_DIR [N]
 
 OUT_DIR holds steps.tsv (corner, step, seconds, exit status, % of the machine's CPU time busy: one line a step,
-written by .ci/run) and the
-JUnit XML files pytest wrote there (junit-*.xml). Last come the failed tests, each with the start of what it
-failed on, so that the end of CI's log (often all that is kept of it) says why. Standard library only: it runs with whatever python3 the
+written by .ci/run) and the JUnit XML files pytest wrote there (junit-*.xml), with each test's CPU seconds where
+tests/gg_testing/cpu_time.py recorded them (this machine is CPU-bound: wall times say more about a test's
+neighbours). Last come the failed tests, each with the statement that failed and its error, so that the end of
+CI's log (often all that is kept of it) says why. Standard library only: it runs with whatever python3 the
 machine has, even when a corner's venv could not be made.
 """
 
@@ -26,8 +28,9 @@ def steps(out: Path) -> list[tuple[str, str, int, int, str]]:
     return rows
 
 
-def test_times(out: Path) -> list[tuple[float, str, str]]:
-    """(seconds, corner, test) for every test in every JUnit file."""
+def test_times(out: Path, what: str = "time") -> list[tuple[float, str, str]]:
+    """(seconds, corner, test) for every test in every JUnit file: its wall time, or (``what="cpu_s"``) the CPU
+    seconds tests/gg_testing/cpu_time.py recorded for it (tests without that property are left out)."""
     tests = []
     for junit in sorted(out.glob("junit-*.xml")):
         corner = junit.stem.removeprefix("junit-")
@@ -38,7 +41,12 @@ def test_times(out: Path) -> list[tuple[float, str, str]]:
             continue
         for case in root.iter("testcase"):
             name = f"{case.get('classname', '')}::{case.get('name', '')}"
-            tests.append((float(case.get("time", 0.0)), corner, name))
+            if what == "time":
+                tests.append((float(case.get("time", 0.0)), corner, name))
+                continue
+            values = [p.get("value") for p in case.iter("property") if p.get("name") == what]
+            if values:
+                tests.append((float(values[0] or 0.0), corner, name))
     return tests
 
 
@@ -98,6 +106,15 @@ def main() -> None:
             print(f"{seconds:8.1f} s  {n:4d} tests  {corner:<18} {name}")
         print(f"\nci: the {count} slowest tests")
         for seconds, corner, name in sorted(tests, reverse=True)[:count]:
+            print(f"{seconds:8.1f} s  {corner:<18} {name}")
+    cpu = test_times(out, "cpu_s")
+    if cpu:  # on a CPU-bound machine a test's wall time says more about its neighbours than about it
+        print(f"\nci: the {count} test files costing the most CPU (seconds of all their processes; "
+              f"{sum(t for t, _, _ in cpu):.0f} s for all {len(cpu)} tests)")
+        for seconds, n, corner, name in slowest_files(cpu, count):
+            print(f"{seconds:8.1f} s  {n:4d} tests  {corner:<18} {name}")
+        print(f"\nci: the {count} tests costing the most CPU")
+        for seconds, corner, name in sorted(cpu, reverse=True)[:count]:
             print(f"{seconds:8.1f} s  {corner:<18} {name}")
     failed = failures(out, 700)
     if failed:

@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 
 from gg_testing.env import fakes_dir
+from gg_testing.cpu_time import *  # noqa: F401,F403  (each test's CPU seconds, for CI's table)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

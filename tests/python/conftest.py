@@ -13,6 +13,7 @@ from typing import Iterator
 import pytest
 
 from gg_testing.env import FakeGpus, fakes_dir as find_fakes_dir
+from gg_testing.cpu_time import *  # noqa: F401,F403  (each test's CPU seconds, for CI's table)
 from gg_testing.launch import reap_all
 
 

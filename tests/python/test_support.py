@@ -1,6 +1,6 @@
 """The test-support package (tests/gg_testing) on what broke before it: results of ranks that write at once,
 ranks left running when their torchrun agent was killed, folders left in /tmp, and ports two test processes
-chose alike."""
+chose alike; and each test's CPU seconds, which CI's table ranks tests by."""
 
 from __future__ import annotations
 
@@ -131,3 +131,32 @@ def test_free_ports_lie_below_the_ephemeral_range_and_apart_per_xdist_worker():
         shared.append(json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                                                 text=True, check=True).stdout))
     assert shared[0][1] <= shared[1][0] and shared[1][1] <= low and shared[0][0] >= 20000, shared
+
+
+CPU_TESTS = """
+import subprocess, sys, time
+
+SPIN = "import time\\nend = time.process_time() + 0.6\\nwhile time.process_time() < end: pass"
+
+def test_spins_in_a_child():
+    subprocess.run([sys.executable, "-c", SPIN], check=True)
+
+def test_sleeps():
+    time.sleep(0.6)
+"""
+
+
+def test_each_tests_cpu_seconds_reach_the_junit_file_with_its_waited_for_children(tmp_path):
+    (tmp_path / "conftest.py").write_text("from gg_testing.cpu_time import *  # noqa: F401,F403\n")
+    (tmp_path / "test_cpu.py").write_text(CPU_TESTS)
+    junit = tmp_path / "junit.xml"
+    env = dict(scrubbed(dict(os.environ)), PYTHONPATH=str(Path(launch.__file__).parents[1]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                           str(tmp_path / "test_cpu.py"), f"--junitxml={junit}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recorded = re.findall(r'<testcase [^>]*name="(\w+)"[^>]*>\s*<properties>\s*'
+                          r'<property name="cpu_s" value="([0-9.]+)"', junit.read_text())
+    cpu = {name: float(seconds) for name, seconds in recorded}
+    assert set(cpu) == {"test_spins_in_a_child", "test_sleeps"}, junit.read_text()
+    assert cpu["test_spins_in_a_child"] >= 0.6 and cpu["test_sleeps"] < 0.3, cpu
