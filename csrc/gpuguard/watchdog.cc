@@ -1,4 +1,4 @@
-// The collective watchdog's thread and its store protocol (see ARCHITECTURE.md, "Data flow of watch()").
+// The collective watchdog's thread and its store protocol (see ARCHITECTURE.md, "Data flow of a stall report").
 //
 // Healthy: one store operation per rank per tick (check whether an alarm of the current epoch exists), or, with
 // the per-node tier, one per node: the node's leader writes the answer to a shared page (node_relay.h) that the

@@ -112,7 +112,8 @@ def dispatch(device_map: dict[str, str]) -> nn.Module:
 
 
 # Blocks only: a leaf listed in a device map (an embedding, a head) gets its forward wrapped too, and
-# guard(deep=True)'s pre-hook runs before that wrapper moves the inputs (a known limit, see ARCHITECTURE.md).
+# guard(deep=True)'s pre-hook runs before that wrapper moves the inputs (a known limit, see _DeepGuard in
+# python/gpuguard/tensors/tensor_devices.py).
 DEVICE_MAP = {"blocks.0": "cuda:0", "blocks.1": "cuda:1", "blocks.2": "cuda:2", "blocks.3": "cuda:3"}
 PLACEMENT = {"embed": "cuda:0", **DEVICE_MAP, "head": "cuda:3"}
 

@@ -166,7 +166,7 @@ py::object device_or_none(std::optional<c10::Device> device) {
   return device ? py::cast(*device) : py::object(py::none());
 }
 
-// Names a forward's positional arguments after its signature (tensor_devices.py), for the report only.
+// Names a forward's positional arguments after its signature (tensors/arg_names.py), for the report only.
 LabelsFn forward_labels(py::handle module) {
   return [module](Py_ssize_t n) -> py::object {
     return py::module_::import("gpuguard.tensors.arg_names").attr("_forward_arg_names")(module, n);

@@ -4,7 +4,7 @@ The checks run in C++ (gpuguard._libtorch, loaded on first use by _libtorch_load
 parameter, buffer and submodule dicts and each tensor's device on every call, so the answer always describes the
 model as it is now. Names are only gathered once a check has failed, for the report carried by
 DeviceMismatchError. Where _libtorch cannot load (built for another torch, or missing), tensor_checks() gives
-gpuguard._python_checks instead: the same checks and reports in Python, slower.
+gpuguard.tensors._python_checks instead: the same checks and reports in Python, slower.
 """
 
 from __future__ import annotations
@@ -238,6 +238,9 @@ class _DeepGuard:
     The root's own check runs here, never as a hook of its own: a hook removed while the root's hooks run is
     still called by PyTorch in that forward, without its keyword arguments. Layers whose module and name did
     not change keep their hook.
+
+    Known limit: a layer whose own forward is wrapped by a framework that moves its inputs (accelerate's
+    AlignDevicesHook on a leaf listed in a device map) is checked before the wrapper moves them.
     """
 
     def __init__(self, root: nn.Module) -> None:

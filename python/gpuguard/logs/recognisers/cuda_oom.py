@@ -333,7 +333,7 @@ def _genuine(m: OomMessage) -> tuple[str, str]:
 
 def _local_facts(m: OomMessage, host: Host) -> str:
     """What this host shows now of the pids the message names (the log was written here)."""
-    from ...gpu_processes import describe_pid
+    from ...system.processes import describe_pid
 
     seen = []
     for p in m.others[:8]:
