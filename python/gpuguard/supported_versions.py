@@ -60,7 +60,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-# (oldest, newest tested) as (major, minor). The floors and why:
+# (oldest, newest supported) as (major, minor): CI's corners run both ends of each range but Python's, whose newest
+# is supported untested (PYTHON_NEWEST_IN_CI is the newest a corner runs; docs/versions.md). The floors and why:
 #   Python 3.10: what torch 2.6 and the frameworks built on it (verl, EasyR1) run; 3.9 is past its end of life.
 #   torch 2.6: the oldest torch the frameworks gpuguard protects still pin (verl, EasyR1: 2.6-2.7 through 2025);
 #     torch.load before 2.6 runs arbitrary code even with weights_only=True (CVE-2025-32434); FSDP2's
@@ -73,6 +74,8 @@ PYTHON = ((3, 10), (3, 13))
 TORCH = ((2, 6), (2, 15))
 RAY = ((2, 43), (2, 60))
 RAY_FOR_PYTHON_3_13 = (2, 45)
+# The newest Python one of .ci/run's corners runs (test_supported_versions holds it to .ci/run).
+PYTHON_NEWEST_IN_CI = (3, 12)
 
 
 def _text(version: tuple[int, int]) -> str:
@@ -93,9 +96,12 @@ def stated(name: str) -> str:
 
 
 def python_problem(version: tuple[int, int] = (sys.version_info[0], sys.version_info[1])) -> Optional[str]:
+    """Why gpuguard cannot run on Python ``version``, or None: the supported range as docs/versions.md states it, and
+    an interpreter to use that CI tests."""
     if version < PYTHON[0]:
-        return (f"gpuguard needs Python {_text(PYTHON[0])} or newer ({stated('Python')} are tested); this is Python "
-                f"{_text(version)}. Use a newer interpreter (for example a venv made with python{_text(PYTHON[1])}).")
+        return (f"gpuguard needs Python {_text(PYTHON[0])} or newer: it supports {stated('Python')} (CI tests "
+                f"{_text(PYTHON[0])} to {_text(PYTHON_NEWEST_IN_CI)}); this is Python {_text(version)}. Use a newer "
+                f"interpreter (for example a venv made with python{_text(PYTHON_NEWEST_IN_CI)}).")
     return None
 
 

@@ -63,6 +63,7 @@ def test_docs_state_cis_corners_as_ci_runs_them():
         r"^\| (oldest|middle|newest) \| (3\.\d+) \| ([\d.]+)[^|]* \| ([\d.]+|none) \|$", versions, re.M)}
     assert stated == made
     newest_in_ci = max(tuple(int(part) for part in python.split(".")) for python, _, _ in made.values())
+    assert newest_in_ci == sv.PYTHON_NEWEST_IN_CI  # python_problem() names it as tested
     if sv.PYTHON[1] > newest_in_ci:  # a supported Python that no corner runs is said to be untested
         assert f"Python {text(sv.PYTHON[1])} is in no corner" in versions
 
@@ -89,8 +90,8 @@ def test_python_39_is_refused_at_import_naming_the_range():
                           env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "ImportError: gpuguard needs Python 3.10 or newer (Python 3.10 to 3.13 are tested); this is Python 3.9. Use "
-        "a newer interpreter (for example a venv made with python3.13).")
+        "ImportError: gpuguard needs Python 3.10 or newer: it supports Python 3.10 to 3.13 (CI tests 3.10 to 3.12); "
+        "this is Python 3.9. Use a newer interpreter (for example a venv made with python3.12).")
 
 
 def test_the_build_refuses_a_torch_below_the_range(tmp_path):
