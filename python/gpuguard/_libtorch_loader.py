@@ -19,7 +19,11 @@ import warnings
 from types import ModuleType
 from typing import Optional
 
-REINSTALL = "pip install --no-build-isolation --force-reinstall --no-deps gpuguard"
+#: The rebuild, as README.md installs gpuguard: from its clone, against the torch of the environment it runs in
+#: (--force-reinstall: even at the same version; --no-deps: leaves torch as it is). gpuguard is installed from a
+#: clone, not from a package index, so a command naming the package ("... gpuguard") finds nothing to build.
+REINSTALL = ("pip install --no-build-isolation --force-reinstall --no-deps . (run in the gpuguard clone it was "
+             "installed from, in the environment that holds this torch)")
 
 
 def build_record_name() -> str:
@@ -61,8 +65,7 @@ def _load() -> ModuleType:
     if built_for_another_torch(installed):
         raise ImportError(
             f"gpuguard was built for PyTorch {built_for}, but PyTorch {installed} is installed, so gpuguard._libtorch "
-            f"(its compiled tensor checks) cannot load. Rebuild it against this torch: {REINSTALL} (or, in a source "
-            f"checkout, pip install --no-build-isolation .)"
+            f"(its compiled tensor checks) cannot load. Rebuild it against this torch: {REINSTALL}"
         )
     try:
         return importlib.import_module("._libtorch", __package__)
@@ -70,7 +73,7 @@ def _load() -> ModuleType:
         if built_for is None or isinstance(exc, ModuleNotFoundError):  # not built, or removed from the package
             raise ImportError(
                 f"gpuguard._libtorch (its compiled tensor checks) is missing or unloadable: {exc}. Build it with: "
-                f"{REINSTALL} (or, in a source checkout, pip install --no-build-isolation .)"
+                f"{REINSTALL}"
             ) from exc
         raise ImportError(
             f"gpuguard._libtorch (its compiled tensor checks) failed to load ({exc}). It was built for PyTorch "

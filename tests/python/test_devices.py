@@ -160,5 +160,5 @@ def test_a_different_torch_moves_only_the_tensor_checks_to_python_naming_both_ve
     assert proc.stdout.split() == ["[]", "cpu", "checked"]
     assert proc.stderr.count("gpuguard was built for PyTorch 2.") == 1, proc.stderr  # once, for every check
     assert "but PyTorch 1.13.1 is installed" in proc.stderr
-    assert "pip install --no-build-isolation --force-reinstall --no-deps gpuguard" in proc.stderr
+    assert "pip install --no-build-isolation --force-reinstall --no-deps . (run in the gpuguard clone" in proc.stderr
     assert "run in Python: the same checks and reports, but slower" in proc.stderr

@@ -37,7 +37,8 @@ from gpuguard._libtorch_loader import build_record_name
 pytestmark = pytest.mark.follows_torch
 
 SIMULATED_TORCH = "2.4.1+cu124"
-REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps gpuguard"
+REBUILD = ("pip install --no-build-isolation --force-reinstall --no-deps . (run in the gpuguard clone it was installed "
+           "from, in the environment that holds this torch)")
 OTHER_PYTHON = os.environ.get("GPUGUARD_TEST_OTHER_TORCH_PYTHON")
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
@@ -126,11 +127,9 @@ def why(built_for: Optional[str], installed: str) -> str:
     """The warning's first line: why the compiled checks are not used, and the rebuild command."""
     if built_for is None:
         return (f"gpuguard: gpuguard._libtorch (its compiled tensor checks) is missing or unloadable: No module named "
-                f"'gpuguard._libtorch'. Build it with: {REBUILD} (or, in a source checkout, pip install "
-                f"--no-build-isolation .)")
+                f"'gpuguard._libtorch'. Build it with: {REBUILD}")
     return (f"gpuguard: gpuguard was built for PyTorch {built_for}, but PyTorch {installed} is installed, so "
-            f"gpuguard._libtorch (its compiled tensor checks) cannot load. Rebuild it against this torch: {REBUILD} "
-            f"(or, in a source checkout, pip install --no-build-isolation .)")
+            f"gpuguard._libtorch (its compiled tensor checks) cannot load. Rebuild it against this torch: {REBUILD}")
 
 
 IN_PYTHON = ("Until then, assert_same_device, same_device, guard and find_device_mismatch run in Python: the same "
