@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import gpuguard  # the installed package; PYTHONPATH=python measures this checkout's in-place build
-from gpuguard import _libtorch_loader
+from gpuguard.tensors import implementation as chosen
 from gpuguard.tensors import _python_checks
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -103,15 +103,15 @@ def main() -> int:
     calls = 20_000
     variants = {}
 
-    compiled = _libtorch_loader.tensor_checks()
+    compiled = chosen.tensor_checks()
     assert compiled is not _python_checks, "gpuguard._libtorch does not load here: nothing compiled to measure"
 
     def timed(hook):
         handle = None
         if hook in ("guard", "python_guard"):
-            _libtorch_loader._checks = _python_checks if hook == "python_guard" else compiled
+            chosen._checks = _python_checks if hook == "python_guard" else compiled
             handle = gpuguard.guard(model)
-            _libtorch_loader._checks = compiled
+            chosen._checks = compiled
         elif hook is not None:
             handle = model.register_forward_pre_hook(hook, with_kwargs=True)
         calls_here = calls if hook not in (python_pre_hook, "python_guard") else calls // 50
@@ -138,12 +138,12 @@ def main() -> int:
 
     # the Python implementation, used where gpuguard._libtorch cannot load
     model_1000 = make_model(1_000)
-    _libtorch_loader._checks = _python_checks
+    chosen._checks = _python_checks
     try:
         assert gpuguard.assert_same_device(model_1000, x) == idiom(model_1000, x)
         t_python_check = per_call_us(lambda: gpuguard.assert_same_device(model_1000, x), 200, rounds)
     finally:
-        _libtorch_loader._checks = compiled
+        chosen._checks = compiled
     python_rows = {
         "assert_same_device_1000_us": t_python_check,
         "assert_same_device_1000_ratio": t_python_check / check_rows[1]["assert_same_device_us"],

@@ -1,13 +1,15 @@
-"""Loads gpuguard._libtorch, the tensor checks' compiled module, after torch; with a torch it was not built for (or
-without it), the tensor checks run in Python instead, after one warning, and never stop a job.
+"""Loads gpuguard._libtorch, the tensor checks' compiled module, after torch, or says why it cannot and how to
+rebuild it: then the tensor checks run in Python instead (tensors/implementation.py), after one warning, and never
+stop a job.
 
 _libtorch links LibTorch, so it is bound to the torch it was compiled against: pip upgrades torch freely, and
 after that the module's symbols no longer match. Everything else gpuguard does (bind(), the zero-code checks,
 watch(), the command line, explain) lives in the torch-free gpuguard._core and keeps working. The tensor checks
 (assert_same_device, @same_device, guard() and find_device_mismatch) take their implementation from
-tensor_checks(): the compiled module when it loads, else gpuguard.tensors._python_checks, which computes and words the
-same reports; the first fallback warns once, naming the rebuild command, and ``gpuguard doctor`` says which
-path runs. Only the flight recorder reader (watch()) has no Python twin: libtorch() raises for it.
+tensors.implementation.tensor_checks(): the compiled module when it loads, else gpuguard.tensors._python_checks,
+which computes and words the same reports; the first fallback warns once, naming the rebuild command, and
+``gpuguard doctor`` says which path runs. Only the flight recorder reader (watch()) has no Python twin: libtorch()
+raises for it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import re
-import warnings
 from types import ModuleType
 from typing import Optional
 
@@ -48,7 +49,6 @@ TORCH_VERSION_BUILT_FOR: Optional[str] = _built_for()
 
 _module: Optional[ModuleType] = None
 _failure: Optional[str] = None
-_checks: Optional[ModuleType] = None  # what tensor_checks() answers, once decided
 
 
 def built_for_another_torch(installed: str) -> bool:
@@ -94,29 +94,3 @@ def libtorch() -> ModuleType:
         except ImportError as exc:
             _failure = str(exc)
     raise ImportError(_failure)
-
-
-def tensor_checks() -> ModuleType:
-    """The tensor checks' implementation: gpuguard._libtorch when it loads, else gpuguard.tensors._python_checks (the same
-    functions, reports and errors, in Python), after one GpuGuardWarning per process that says why and how to
-    rebuild. Decided on the first call."""
-    global _checks
-    if _checks is not None:
-        return _checks
-    try:
-        _checks = libtorch()
-    except ImportError as exc:
-        from .tensors import _python_checks
-        from .errors import GpuGuardWarning
-
-        _checks = _python_checks
-        warnings.warn(fallback_warning(str(exc)), GpuGuardWarning, stacklevel=3)
-    return _checks
-
-
-def fallback_warning(reason: str) -> str:
-    """The one warning printed when the tensor checks run in Python: why, what it costs, and the rebuild command."""
-    return (f"gpuguard: {reason}\n"
-            f"Until then, assert_same_device, same_device, guard and find_device_mismatch run in Python: the same "
-            f"checks and reports, but slower (about a millisecond a call on a model of a thousand tensors).")
-

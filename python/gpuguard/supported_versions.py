@@ -40,7 +40,7 @@ What changes inside the range, and where gpuguard copes with it (what; where it 
   from the torch built against; every compiled part takes the ABI (GoogleTest compiled from source for the old one);
   cmake/check_module_loads.py loads each module after linking.
 - a torch upgraded after the build. Any: _libtorch_loader: the build record (one per Python) names the torch it was
-  built for; tensor_checks() then gives tensors/_python_checks (the same checks and reports in Python) after one
+  built for; tensors.implementation then gives tensors/_python_checks (the same checks and reports in Python) after one
   warning "built for PyTorch X, but Y is installed ... Rebuild"; _core (no torch) keeps working
   (tests/python/test_torch_mismatch.py builds against 2.6 and imports under 2.11 in CI, and removes _libtorch from a
   copy).

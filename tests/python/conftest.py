@@ -37,13 +37,13 @@ def _end_jobs_left_running() -> Iterator[None]:
 @pytest.fixture(params=["C++", "Python"])
 def tensor_checks_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test against each implementation of the tensor checks: the compiled gpuguard._libtorch, and
-    gpuguard.tensors._python_checks, which runs where _libtorch cannot load and must word every report alike. Checks made
-    inside the test (guard()'s hooks included) take the implementation chosen here."""
+    gpuguard.tensors._python_checks, which runs where _libtorch cannot load and must word every report alike. Checks
+    made inside the test (guard()'s hooks included) take the implementation chosen here."""
     from gpuguard import _libtorch_loader
-    from gpuguard.tensors import _python_checks
+    from gpuguard.tensors import _python_checks, implementation as chosen
 
     implementation = _libtorch_loader.libtorch() if request.param == "C++" else _python_checks
-    monkeypatch.setattr(_libtorch_loader, "_checks", implementation)
+    monkeypatch.setattr(chosen, "_checks", implementation)
     return str(request.param)
 
 

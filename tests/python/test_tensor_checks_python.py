@@ -18,7 +18,7 @@ from torch import nn
 
 import gpuguard
 from gpuguard import _libtorch_loader
-from gpuguard.tensors import _python_checks
+from gpuguard.tensors import _python_checks, implementation as chosen
 
 pytestmark = pytest.mark.follows_torch
 
@@ -41,7 +41,7 @@ def by_both(monkeypatch: pytest.MonkeyPatch, make: Callable[[], Callable[[], Any
     compiled one's outcome after asserting that the Python one's is identical."""
     outcomes = []
     for implementation in (_libtorch_loader.libtorch(), _python_checks):
-        monkeypatch.setattr(_libtorch_loader, "_checks", implementation)
+        monkeypatch.setattr(chosen, "_checks", implementation)
         outcomes.append(outcome(make()))
     compiled, python = outcomes
     assert python == compiled

@@ -474,7 +474,7 @@ def test_guard_rejects_what_is_not_a_module():
 
 
 def test_names_compress_into_subtrees_and_ranges():
-    from gpuguard._libtorch_loader import tensor_checks
+    from gpuguard.tensors.implementation import tensor_checks
 
     compress_names = tensor_checks().compress_names
 

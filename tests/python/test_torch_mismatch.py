@@ -196,8 +196,9 @@ nn.Linear(2, 2).to("meta")(torch.ones(2))       # PyTorch's own device-mismatch 
 def compiled_answers() -> dict:
     """CHECKS' answers from this process's compiled checks, as JSON would carry them back."""
     from gpuguard import _libtorch_loader
+    from gpuguard.tensors.implementation import tensor_checks
 
-    assert _libtorch_loader.tensor_checks() is _libtorch_loader.libtorch()
+    assert tensor_checks() is _libtorch_loader.libtorch()
     scope: dict = {}
     exec(CHECKS, scope)  # noqa: S102 - the same code as the script runs
     return json.loads(json.dumps(scope["answers"]()))

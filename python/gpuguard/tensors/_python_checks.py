@@ -1,7 +1,7 @@
 """The tensor checks in pure Python: what gpuguard._libtorch computes, for when it cannot load.
 
 gpuguard._libtorch is bound to the torch it was compiled against; after a torch upgrade (or in a build without it)
-_libtorch_loader.tensor_checks() hands this module to tensor_devices.py instead, so that a pip upgrade never stops a
+implementation.tensor_checks() hands this module to tensor_devices.py instead, so that a pip upgrade never stops a
 job. It offers the same functions and classes as the compiled module's tensor part (check_call, forward_hook,
 layer_hook, DeepGuard, run_traced, compress_names, checks_disabled) and must write byte-identical reports: each
 function below ports the C++ one named in its docstring (csrc/python/libtorch/collect_tensors.cc, device_check.cc,

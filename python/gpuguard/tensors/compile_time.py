@@ -1,9 +1,9 @@
 """The tensor checks' trace-time half: run by Dynamo (comptime) while torch.compile traces, on its fake tensors.
 
 traced_checks.run() hands over the call's tensors by name; run_now() reads them as the fake tensors Dynamo traces
-with, runs the eager check (C++, or its Python twin) on them and on the module's own tensors, and turns a DeviceMismatchError into
-CompileTimeDeviceMismatchError, the form Dynamo passes to the user unchanged. Imported only while Dynamo traces
-(it imports torch._dynamo).
+with, runs the eager check (C++, or its Python twin) on them and on the module's own tensors, and turns a
+DeviceMismatchError into CompileTimeDeviceMismatchError, the form Dynamo passes to the user unchanged. Imported
+only while Dynamo traces (it imports torch._dynamo).
 
 Why comptime. The checks must run once, on what Dynamo traces, and leave nothing in the graph. Dynamo cannot trace
 into C++ (a graph break; with fullgraph=True an error), and every other way to run real code while it traces costs
@@ -27,7 +27,7 @@ import torch
 from torch._dynamo.comptime import ComptimeContext, ComptimeVar
 from torch._dynamo.exc import TorchRuntimeError
 
-from .._libtorch_loader import tensor_checks
+from .implementation import tensor_checks
 from ..errors import DeviceMismatchError
 
 __all__ = ["CompileTimeDeviceMismatchError", "run_now"]

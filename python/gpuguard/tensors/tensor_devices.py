@@ -19,7 +19,7 @@ from torch import nn
 
 from . import traced_checks
 from .arg_names import _forward_arg_names, _positional_names
-from .._libtorch_loader import tensor_checks
+from .implementation import tensor_checks
 from ..errors import DeviceMismatchError
 
 # True only in code torch.compile's Dynamo traces, where it sends the checks to traced_checks (run at trace time on
