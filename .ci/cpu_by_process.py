@@ -31,7 +31,7 @@ KINDS = [
     ("ray: log monitor", "log_monitor.py"), ("ray: autoscaler monitor", "autoscaler/_private/monitor.py"),
     ("ray: client server", "ray_client_server"),
     ("torchrun agents", "torch.distributed.run"), ("torchrun agents", "/torchrun"),
-    ("pytest workers", "exec(eval(sys.stdin.readline()))"), ("pytest", "pytest"),
+    ("pytest workers", "exec(eval(sys.stdin.readline()))"), ("pytest", "-m pytest"), ("pytest", "bin/pytest "),
     ("SLURM", "slurm"), ("MPI", "orted"), ("MPI", "prte"), ("MPI", "mpirun"), ("MPI", "hydra"),
     ("compilers and linkers", "cc1plus"), ("compilers and linkers", "/ld"), ("compilers and linkers", "clang"),
     ("compilers and linkers", "ninja"), ("compilers and linkers", "cmake"), ("ccache", "ccache"),
