@@ -51,7 +51,7 @@ def kind_of(pid: str) -> str:
             return kind
     if "python" in comm or "python" in cmdline.split(" ", 1)[0]:
         script = next((word for word in cmdline.split()[1:] if word.endswith(".py")), "")
-        return "python: other scripts" if script else "python: -c and modules"
+        return f"python: {os.path.basename(script)}" if script else "python: -c and -m"
     return f"other: {comm}"
 
 
