@@ -406,6 +406,23 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
     message += "\n  Fix: the stack above is where the rank is instead; a rank-dependent branch, a data loader "
                "or I/O stall, or a collective it skipped.";
     stack = first_stack;
+  } else if (!past.empty() && !waiting.empty()) {
+    // every rank entered it and some completed it: the data moved, so neither the program nor the transport holds
+    // it; the ranks still in it are behind (a loaded host, a GPU busy with earlier work)
+    kind = "rank_slow";
+    stuck = waiting;
+    message = "gpuguard: collective stall: every rank entered " + where + "; " + ranks_word(past) +
+              " completed it, but " + ranks_word(waiting) + " " + have(waiting) + " not in " + seconds(waited) +
+              " s. The collective moved on the others, so the transport works: " +
+              (waiting.size() == 1 ? "that rank is" : "those ranks are") +
+              " behind in it. Its GPU has not finished it yet, still running the work queued before it (a long "
+              "kernel, or a GPU shared with another process), or its process gets too little CPU to move on (a "
+              "loaded host)."
+              "\n  Fix: look at what runs on that GPU (nvidia-smi) and at the host's load (top); torch.profiler "
+              "around the steps before the call site shows a long kernel.";
+    message += both_places();
+    stack = waiting_stack;
+    past.clear();  // named above
   } else {
     kind = "no_progress";
     stuck = waiting;

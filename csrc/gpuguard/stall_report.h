@@ -51,7 +51,7 @@ struct StallSubject {
 };
 
 struct StallReport {
-  std::string kind;             // rank_behind | no_progress | desync | rank_gone
+  std::string kind;             // rank_behind | rank_slow | no_progress | desync | rank_gone
   std::string message;          // what every rank prints
   std::string json;             // {"gpuguard_stall": {...}}
 };

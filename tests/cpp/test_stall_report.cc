@@ -114,6 +114,23 @@ TEST(StallReport, EveryoneWaitingIsNoProgress) {
   EXPECT_NE(r.message.find("gpuguard doctor --p2p --nccl"), std::string::npos);
 }
 
+TEST(StallReport, ACollectiveSomeRanksCompletedNamesTheOthersAsBehindInIt) {
+  // CI saw it on a loaded machine: every rank entered DDP's first all-gather, three completed it, one had not
+  std::vector<std::optional<RankState>> states{state(0, 5653, 5653), state(1, 5653, 5653), state(2, 5653, 5652),
+                                               state(3, 5653, 5653)};
+  auto r = gpuguard::compose_stall_report(subject(), states, {}, silent);
+  EXPECT_EQ(r.kind, "rank_slow");
+  EXPECT_NE(r.message.find("every rank entered ALL_REDUCE #5653 on group 'dp' (ranks 0-3); ranks 0, 1, 3 completed "
+                           "it, but rank 2 has not in "),
+            std::string::npos)
+      << r.message;
+  EXPECT_NE(r.message.find("so the transport works: that rank is behind in it"), std::string::npos) << r.message;
+  EXPECT_EQ(r.message.find("not completed on any"), std::string::npos) << r.message;
+  EXPECT_EQ(r.message.find("already completed"), std::string::npos) << r.message;
+  EXPECT_EQ(r.message.find("NCCL_P2P_DISABLE"), std::string::npos) << r.message;
+  EXPECT_NE(r.json.find("\"stuck_ranks\": [2]"), std::string::npos) << r.json;
+}
+
 TEST(StallReport, NoProgressInAOneRankGroupBlamesTheGpuNotTheNetwork) {
   // a held-back collective on a one-GPU machine: no peer, so the advice must not send the user to the network
   gpuguard::StallSubject one = subject();

@@ -283,7 +283,9 @@ def test_gpuguard_stall_json_is_read_whole_or_cut():
     d = one(explain(json.dumps({"gpuguard_stall": long}), match_local=False), "gpuguard_stall")
     assert d.ranks == (5,) and "ALL_REDUCE #5653" in d.summary
     for kind, words in (("no_progress", "Every rank entered ALL_REDUCE #5653"), ("desync", "a desync"),
-                        ("rank_gone", "Rank 5 is gone")):
+                        ("rank_gone", "Rank 5 is gone"),
+                        ("rank_slow", "Every rank entered ALL_REDUCE #5653 on group 'dp'; rank 5 had not completed "
+                                      "it")):
         d = one(explain(json.dumps({"gpuguard_stall": dict(STALL["gpuguard_stall"], kind=kind)}), match_local=False),
                 "gpuguard_stall")
         assert words in d.summary

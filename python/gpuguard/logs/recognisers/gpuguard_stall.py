@@ -10,8 +10,9 @@ from ..model import MAX_RANKS, Diagnosis, Group, ranks_phrase
 from ..recogniser import Example, Groups, Host, Line, Recogniser
 
 # The shape gpuguard.watch() writes (one line of JSON; any other fields are ignored, any missing one is left out):
-#   {"gpuguard_stall": {"kind": "rank_behind" | "no_progress" | "desync" | "rank_gone", "group": "dp", "seq": 5653,
-#    "op": "ALL_REDUCE", "stuck_ranks": [5], "waiting_ranks": [0, 1, 2, 3, 4, 6, 7], "waited_s": 74, "stack": "..."}}
+#   {"gpuguard_stall": {"kind": "rank_behind" | "rank_slow" | "no_progress" | "desync" | "rank_gone",
+#    "group": "dp", "seq": 5653, "op": "ALL_REDUCE", "stuck_ranks": [5], "waiting_ranks": [0, 1, 2, 3, 4, 6, 7],
+#    "waited_s": 74, "stack": "..."}}
 # A line cut by the reader (a long stack) is not valid JSON; its fields are then read one by one.
 _STALL = re.compile(r'"gpuguard_stall"\s{0,8}:\s{0,8}\{')
 # The report to its closing brace, or to the end of the text when it does not close there (a report a paste broke
@@ -25,7 +26,7 @@ _NUMBER_FIELD = re.compile(r'"(?P<key>seq|waited_s)"\s{0,8}:\s{0,8}(?P<value>-?\
 _LIST_FIELD = re.compile(r'"(?P<key>stuck_ranks|waiting_ranks)"\s{0,8}:\s{0,8}\[(?P<value>[\d, ]{0,65536})\]?')
 
 KIND = "gpuguard_stall"
-STALL_KINDS = {"rank_behind", "no_progress", "desync", "rank_gone"}
+STALL_KINDS = {"rank_behind", "rank_slow", "no_progress", "desync", "rank_gone"}
 
 
 def _fields(body: str, start: int) -> dict[str, Any]:
@@ -123,6 +124,13 @@ class GpuguardStall(Recogniser):
             fix = ("Run `gpuguard doctor --p2p --nccl` on the node; if the all-reduce passes only with "
                    "NCCL_P2P_DISABLE=1, peer-to-peer is broken there (ACS/IOMMU): disable ACS or set the IOMMU to "
                    "passthrough, or run with NCCL_P2P_DISABLE=1 meanwhile.")
+        elif stall_kind == "rank_slow":
+            summary = f"Every rank entered {what}; {stuck} had not completed it{waited}, though the others had."
+            cause = ("The collective completed on the other ranks, so the program agrees and the transport works; the "
+                     "named rank's side is behind: its GPU is still running the work queued before it (a long kernel, "
+                     "a GPU shared with another process), or its process gets too little CPU (a loaded host).")
+            fix = ("Look at what runs on that rank's GPU (nvidia-smi) and at its host's load (top); torch.profiler "
+                   "around the steps before the call site shows a long kernel.")
         elif stall_kind == "desync":
             summary = f"The ranks disagree on the collective at the same point ({what}): a desync{waiting}."
             cause = ("Ranks at the same sequence number called different collectives (or different sizes): the "
