@@ -37,7 +37,7 @@ if os.environ.get("GPUGUARD_WATCH") == "1":  # the zero-code path (`gpuguard run
     assert w is not None, "GPUGUARD_WATCH=1 started no watchdog"
 else:
     w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out,
-                       gather=3)
+                       gather=stall_after)  # a loaded machine's ranks may take seconds to answer
 hold = stall_after + 60  # far longer than the reports take, even on a loaded machine: the test ends it
 #                          (until_released) once it has every rank's report, so a long hold costs nothing
 t = torch.ones(4)
