@@ -182,9 +182,14 @@ def test_a_broken_launch_environment_on_one_rank_stops_every_rank_at_once(cluste
     assert rs[2]["seconds"] >= 0  # rank 2 started late and still read the verdict from rank 0's store
 
 
-def test_several_failed_ranks_are_all_named(cluster):
+def test_several_failed_ranks_are_all_named(cluster, tmp_path):
+    # ranks 0 and 2 start once both failing ranks have (each marks its start), so that all four reach the check
+    # within the 5 s a reader of a failure waits for the rest (exchange.FAILURE_GRACE_S): a fixed 2 s head start
+    # was not enough on a loaded machine, where rank 3 came later and only rank 1 was named
     rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ] || [ "$SLURM_PROCID" = 3 ]; then '
-                                   'export LOCAL_RANK=7; else sleep 2; fi', n=4)
+                                   'export LOCAL_RANK=7; touch "$GG_MARKS/$SLURM_PROCID"; '
+                                   'else for i in $(seq 600); do [ -e "$GG_MARKS/1" ] && [ -e "$GG_MARKS/3" ] && break; '
+                                   'sleep 0.1; done; fi', n=4, GG_MARKS=str(tmp_path))
     assert len(rs) == 4, r.stdout + r.stderr
     for x in (rs[0], rs[2]):
         assert x["error"] == "LaunchEnvironmentError", x
