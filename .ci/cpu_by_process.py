@@ -55,16 +55,21 @@ def kind_of(pid: str) -> str:
     return f"other: {comm}"
 
 
+def cpu_and_start(pid: str) -> tuple[float, str]:
+    """A process's CPU seconds so far (user and system) and its start time, which with its pid names it."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS, fields[19]
+
+
 def sample(seen: dict[tuple[str, str], tuple[float, str, int]], totals: dict[str, list[float]]) -> None:
     """Adds every process's CPU growth since the last sample to its kind."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or pid == str(os.getpid()):
             continue
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu, started = cpu_and_start(pid)
         except (OSError, IndexError):
             continue
-        cpu, started = (int(fields[11]) + int(fields[12])) / TICKS, fields[19]  # utime, stime; starttime
         key = (pid, started)
         before, kind, sightings = seen.get(key, (None, "", 0))
         if kind != "before CI" and sightings < 3:  # read again: one seen between its fork and its exec changes
@@ -88,10 +93,10 @@ def run(out: Path) -> None:
     for pid in os.listdir("/proc"):  # what ran before CI is not CI's
         if pid.isdigit():
             try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                seen[(pid, fields[19])] = ((int(fields[11]) + int(fields[12])) / TICKS, "before CI", 0)
+                cpu, started = cpu_and_start(pid)
             except (OSError, IndexError):
-                pass
+                continue
+            seen[(pid, started)] = (cpu, "before CI", 0)
     stop = False
 
     def on_term(signum, frame):

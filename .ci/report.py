@@ -28,10 +28,12 @@ def steps(out: Path) -> list[tuple[str, str, int, int, str]]:
     return rows
 
 
-def test_times(out: Path, what: str = "time") -> list[tuple[float, str, str]]:
-    """(seconds, corner, test) for every test in every JUnit file: its wall time, or (``what="cpu_s"``) the CPU
-    seconds tests/gg_testing/cpu_time.py recorded for it (tests without that property are left out)."""
-    tests = []
+Case = tuple[str, str, ElementTree.Element]  # corner, test, its <testcase>
+
+
+def cases(out: Path) -> list[Case]:
+    """(corner, test, its <testcase>) for every test in every JUnit file, each file parsed once."""
+    found = []
     for junit in sorted(out.glob("junit-*.xml")):
         corner = junit.stem.removeprefix("junit-")
         try:
@@ -40,29 +42,28 @@ def test_times(out: Path, what: str = "time") -> list[tuple[float, str, str]]:
             print(f"ci: {junit.name} is not readable XML ({error})")
             continue
         for case in root.iter("testcase"):
-            name = f"{case.get('classname', '')}::{case.get('name', '')}"
-            if what == "time":
-                tests.append((float(case.get("time", 0.0)), corner, name))
-                continue
-            values = [p.get("value") for p in case.iter("property") if p.get("name") == what]
-            if values:
-                tests.append((float(values[0] or 0.0), corner, name))
-    return tests
+            found.append((corner, f"{case.get('classname', '')}::{case.get('name', '')}", case))
+    return found
 
 
-def failures(out: Path, width: int) -> list[tuple[str, str, str]]:
-    """(corner, test, the start of its failure's text) for every test that failed or errored."""
-    failed = []
-    for junit in sorted(out.glob("junit-*.xml")):
-        try:
-            root = ElementTree.parse(junit).getroot()
-        except ElementTree.ParseError:
+def test_times(tests: list[Case], what: str = "time") -> list[tuple[float, str, str]]:
+    """(seconds, corner, test) for every test: its wall time, or (``what="cpu_s"``) the CPU seconds
+    tests/gg_testing/cpu_time.py recorded for it (tests without that property are left out)."""
+    times = []
+    for corner, name, case in tests:
+        if what == "time":
+            times.append((float(case.get("time", 0.0)), corner, name))
             continue
-        for case in root.iter("testcase"):
-            for outcome in (*case.findall("failure"), *case.findall("error")):
-                name = f"{case.get('classname', '')}::{case.get('name', '')}"
-                failed.append((junit.stem.removeprefix("junit-"), name, why(outcome, width)))
-    return failed
+        values = [p.get("value") for p in case.iter("property") if p.get("name") == what]
+        if values:
+            times.append((float(values[0] or 0.0), corner, name))
+    return times
+
+
+def failures(tests: list[Case], width: int) -> list[tuple[str, str, str]]:
+    """(corner, test, the start of its failure's text) for every test that failed or errored."""
+    return [(corner, name, why(outcome, width)) for corner, name, case in tests
+            for outcome in (*case.findall("failure"), *case.findall("error"))]
 
 
 def why(outcome: ElementTree.Element, width: int) -> str:
@@ -99,7 +100,8 @@ def main() -> None:
         print(f"{corner:<8} {'(corner total)':<44} {seconds:>8}")
     print(f"{'all':<8} {'(steps total)':<44} {sum(corners.values()):>8}   (the two lanes overlap: CI's own time "
           f"is its last line)")
-    tests = test_times(out)
+    parsed = cases(out)
+    tests = test_times(parsed)
     if tests:
         print(f"\nci: the {count} slowest test files (seconds summed over their tests; parallel steps overlap them)")
         for seconds, n, corner, name in slowest_files(tests, count):
@@ -107,7 +109,7 @@ def main() -> None:
         print(f"\nci: the {count} slowest tests")
         for seconds, corner, name in sorted(tests, reverse=True)[:count]:
             print(f"{seconds:8.1f} s  {corner:<18} {name}")
-    cpu = test_times(out, "cpu_s")
+    cpu = test_times(parsed, "cpu_s")
     if cpu:  # on a CPU-bound machine a test's wall time says more about its neighbours than about it
         print(f"\nci: the {count} test files costing the most CPU (seconds of all their processes; "
               f"{sum(t for t, _, _ in cpu):.0f} s for all {len(cpu)} tests)")
@@ -116,7 +118,7 @@ def main() -> None:
         print(f"\nci: the {count} tests costing the most CPU")
         for seconds, corner, name in sorted(cpu, reverse=True)[:count]:
             print(f"{seconds:8.1f} s  {corner:<18} {name}")
-    failed = failures(out, 700)
+    failed = failures(parsed, 700)
     if failed:
         print(f"\nci: {len(failed)} failed tests, each with the statement that failed and its error (start and end)")
         for corner, name, text in failed:
