@@ -250,6 +250,7 @@ ray.shutdown()
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 def test_d_ray_actors_with_a_third_of_a_gpu_each_all_raise(fake_gpus):
     code = RAY_JOB.replace("PORT1", str(free_port())).replace("PORT2", str(free_port()))
     env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
@@ -528,6 +529,7 @@ ray.shutdown()
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 def test_ray_actor_restarted_by_max_restarts_meets_its_peers_again(fake_gpus):
     code = RAY_RESTART.replace("PORT1", str(free_port())).replace("PORT2", str(free_port()))
     env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))

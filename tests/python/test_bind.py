@@ -441,6 +441,7 @@ ray.shutdown()
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 def test_real_ray_actors_bind_the_gpu_ray_assigned(fake_gpus):
     got = run_json(RAY_DRIVER, scrubbed(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1")), timeout=240)
     uuids = [g["uuid"] for g in fake_gpus.topology("h100x4")["gpus"]]

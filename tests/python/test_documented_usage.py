@@ -91,8 +91,14 @@ def example_env() -> dict[str, str]:
     return env
 
 
+def example_run(name: str, args: tuple[str, ...]):
+    """One example run as a test case: the Ray example's, which starts a local Ray, marked so."""
+    marks = [pytest.mark.ray_cluster] if name.startswith("ray_") else []
+    return pytest.param(name, args, marks=marks, id=" ".join((name,) + args))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,args", list(EXAMPLE_RUNS), ids=[" ".join((n,) + a) for n, a in EXAMPLE_RUNS])
+@pytest.mark.parametrize("name,args", [example_run(*key) for key in EXAMPLE_RUNS])
 def test_example_runs_as_its_docstring_says(name, args, fakes_dir):
     path = ROOT / "examples" / name
     command = next(c for c in docstring_commands(path) if "GPUGUARD_LIBCUDA=" in c)
@@ -247,8 +253,14 @@ def ray_cluster(fake_gpus) -> Iterator[RayHead]:
         head.stop()
 
 
+def block_case(block: Block):
+    """One block as a test case: a block whose setup joins the local Ray marked so."""
+    ray = block.kind == "setup" and SETUPS[block.setup].ray_cluster
+    return pytest.param(block, marks=[pytest.mark.ray_cluster] if ray else [], id=block.id)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+@pytest.mark.parametrize("block", [block_case(b) for b in BLOCKS])
 def test_documented_block(block: Block, fake_gpus, tmp_path, request):
     if block.kind in ("skip", "install"):
         pytest.skip(f"marked not run: {block.why}")

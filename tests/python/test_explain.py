@@ -274,6 +274,7 @@ def test_ray_raylet_gpu_count():
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 def test_the_message_real_ray_prints_is_recognised(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="2,3", RAY_USAGE_STATS_ENABLED="0")
     code = "import ray\ntry:\n    ray.init(num_gpus=4, include_dashboard=False)\nexcept Exception as e:\n    print(e)\n"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
 ray = pytest.importorskip("ray")
 
 import gpuguard  # noqa: E402

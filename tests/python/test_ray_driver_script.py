@@ -23,6 +23,7 @@ SCRIPTS = ROOT / "tests" / "python" / "ray_scripts"
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 def test_a_driver_script_whose_actor_and_task_live_in_main_uses_gpuguard_under_real_ray(fake_gpus, tmp_path):
     env = scrubbed(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
     proc = launch.Job([sys.executable, "driver_actor.py"], env, tmp_path, cwd=str(SCRIPTS)).wait(400)
@@ -85,6 +86,7 @@ def test_every_error_class_pickles_with_its_message_fix_fields_and_notes(name):
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 def test_a_gpuguard_error_raised_in_an_actor_reaches_ray_get_with_its_class_message_and_fields(fake_gpus):
     import gpuguard
 

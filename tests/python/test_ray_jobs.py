@@ -39,6 +39,7 @@ def head(fake_gpus, tmp_path_factory) -> Iterator[RayHead]:
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 @pytest.mark.parametrize("runtime_env", [{"worker_process_setup_hook": "gpuguard.ray.setup"},
                                          {"env_vars": {"GPUGUARD": "1"}}], ids=["hook", "GPUGUARD=1"])
 def test_a_submitted_job_whose_ranks_share_a_gpu_stops_with_the_report(head, runtime_env):

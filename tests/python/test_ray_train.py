@@ -25,6 +25,7 @@ SCRIPTS = ROOT / "tests" / "python" / "ray_scripts"
 
 
 @pytest.mark.slow
+@pytest.mark.ray_cluster
 @pytest.mark.parametrize("switch", ["hook", "env"])
 def test_a_trainer_whose_workers_share_a_gpu_stops_every_worker_with_the_ray_train_fix(switch, fake_gpus, tmp_path):
     report = tmp_path / "ranks.jsonl"

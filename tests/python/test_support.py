@@ -160,3 +160,17 @@ def test_each_tests_cpu_seconds_reach_the_junit_file_with_its_waited_for_childre
     cpu = {name: float(seconds) for name, seconds in recorded}
     assert set(cpu) == {"test_spins_in_a_child", "test_sleeps"}, junit.read_text()
     assert cpu["test_spins_in_a_child"] >= 0.6 and cpu["test_sleeps"] < 0.3, cpu
+
+
+#: What a test file writes to start a Ray cluster: ray.init(), the tests' `ray start --head`, a driver script.
+STARTS_RAY = re.compile(r"ray\.init\(|RayHead\(|ray_scripts|ray start|ray job submit")
+
+
+def test_every_test_file_that_starts_a_ray_cluster_marks_its_tests_ray_cluster():
+    # CI holds the marked tests back until no timed test runs beside them (pyproject's markers): one left unmarked
+    # would start its cluster beside a busy timed lane, where Ray's own deadlines ran out before
+    tests = Path(__file__).parents[1]
+    files = sorted(p for p in tests.rglob("test_*.py") if STARTS_RAY.search(p.read_text()))
+    assert len(files) >= 6, files  # the scan finds the Ray tests there are
+    unmarked = [str(p.relative_to(tests)) for p in files if "pytest.mark.ray_cluster" not in p.read_text()]
+    assert not unmarked, f"these start a Ray cluster but mark no test ray_cluster: {unmarked}"

@@ -13,7 +13,7 @@ from gg_testing.paths import ROOT
 from .gpu_support import run_job
 
 # find_spec, not an import: importing Ray costs seconds to a minute, at every collection (the dry run's, CI's)
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+pytestmark = [pytest.mark.gpu, pytest.mark.ray_cluster, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                                   reason="needs Ray Train (ray[train]), not installed here")]
 
 TRAIN = ROOT / "tests" / "python" / "ray_scripts" / "train_packed.py"
