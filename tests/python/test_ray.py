@@ -293,13 +293,14 @@ def test_eight_ranks_with_max_colocate_1_get_eight_distinct_gpus_and_every_bind_
     assert {row["uuid"] for row in data["rows"]} == set(topology_uuids) and data["shared_gpus"] == []
 
 
-def test_two_colocated_groups_of_eight_share_gpus_with_max_colocate_2_and_pass(cluster):
-    """verl's layout: an 'actor' and a 'rollout' rank on every GPU, half a GPU each; no group has a duplicate."""
+def test_two_colocated_groups_of_four_share_gpus_with_max_colocate_2_and_pass(cluster):
+    """verl's layout: an 'actor' and a 'rollout' rank on every GPU, half a GPU each; no group has a duplicate.
+    Four GPUs of the eight, 8 actors: 16 (each importing torch) were CI's slowest test, and show nothing more."""
     Worker = worker_class()
-    with gpuguard.ray_placement(2, num_workers=8, name="verl", num_cpus_per_worker=0.5) as placement:
+    with gpuguard.ray_placement(2, num_workers=4, name="verl", num_cpus_per_worker=0.5) as placement:
         placement.ready(timeout=CALL_TIMEOUT)  # a GPU still held elsewhere fails here, clearly
         actors = [Worker.options(**placement.options(r, group=role)).remote()
-                  for role in ("actor", "rollout") for r in range(8)]
+                  for role in ("actor", "rollout") for r in range(4)]
         results = bind_all(actors)
         assert all(r["ok"] for r in results), failures(results)
         report = placement.report()
@@ -307,11 +308,11 @@ def test_two_colocated_groups_of_eight_share_gpus_with_max_colocate_2_and_pass(c
     for r in results:
         assert r["share"] == 0.5
         by_gpu.setdefault(r["uuid"], []).append((r["group"], r["rank"]))
-    assert len(by_gpu) == 8
+    assert len(by_gpu) == 4
     for members in by_gpu.values():  # rank r of each role on bundle r: one actor and one rollout rank per GPU
         assert sorted(members) == [("actor", members[0][1]), ("rollout", members[0][1])]
 
-    assert len(report.rows) == 16 and report.missing == {} and report.shared_gpus() == []
+    assert len(report.rows) == 8 and report.missing == {} and report.shared_gpus() == []
     assert report.summary() == ["Ray gave the actors of group 'actor' 1/2 GPU each",
                                 "Ray gave the actors of group 'rollout' 1/2 GPU each"]
     assert {(row["group"], row["rank"], row["uuid"]) for row in report.rows} == {
