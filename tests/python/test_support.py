@@ -167,8 +167,8 @@ STARTS_RAY = re.compile(r"ray\.init\(|RayHead\(|ray_scripts|ray start|ray job su
 
 
 def test_every_test_file_that_starts_a_ray_cluster_marks_its_tests_ray_cluster():
-    # CI holds the marked tests back until no timed test runs beside them (pyproject's markers): one left unmarked
-    # would start its cluster beside a busy timed lane, where Ray's own deadlines ran out before
+    # CI runs the marked tests one at a time at normal priority (pyproject's markers): one left unmarked would start
+    # its cluster at nice 10 beside other clusters and busy ranks, where Ray's own deadlines ran out before
     tests = Path(__file__).parents[1]
     files = sorted(p for p in tests.rglob("test_*.py") if STARTS_RAY.search(p.read_text()))
     assert len(files) >= 6, files  # the scan finds the Ray tests there are
