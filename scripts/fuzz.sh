@@ -3,8 +3,10 @@
 # of tests/python/paste_corpus.py) and the watchdog's reading of torch's flight recorder dump (clang,
 # AddressSanitizer + UBSan; plain C++ that links no torch, compiled with torch's C++ ABI like every other part) and
 # runs each briefly, then tests/fuzz/fuzz_paste.py (explain's reading of pasted text, when the module is built).
-# CI calls it; FUZZ_SECONDS sets each one's budget.
+# CI calls it; FUZZ_SECONDS sets each one's budget, or a count of inputs does.
 #   scripts/fuzz.sh            build, seed, fuzz for $FUZZ_SECONDS (default 20) seconds
+#   FUZZ_RUNS_IDENTITY / FUZZ_RUNS_LOG_SCAN / FUZZ_RUNS_FLIGHT_RECORDER   that target's budget in inputs instead
+#                              (CI: as many as each ran in 20 s on a quiet machine, so that a busy one fuzzes no less)
 #   PYTHON=...                 the interpreter whose torch gives the C++ ABI (default python3)
 #   FUZZ_PASTE_SEED / FUZZ_PASTE_RUNS   fuzz_paste.py's seed and its most shapes (default: a new seed, no limit)
 set -euo pipefail
@@ -18,12 +20,14 @@ CORE="csrc/gpuguard/identity.cc csrc/gpuguard/placement.cc csrc/gpuguard/error.c
 ABI_FLAG=$("$PY" cmake/torch_build_flags.py --abi-flag)
 FLAGS="-std=c++20 -g -O1 -Icsrc -Wall -Wextra -Werror -fno-omit-frame-pointer $ABI_FLAG"
 echo "fuzz.sh: building with $ABI_FLAG (the torch of $PY)"
+# budget RUNS: libFuzzer's budget for a target: RUNS inputs when set, else $FUZZ_SECONDS of time
+budget() { if [ -n "$1" ]; then echo "-runs=$1"; else echo "-max_total_time=${FUZZ_SECONDS:-20}"; fi; }
 "$CXX" $FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   tests/fuzz/fuzz_identity_decode.cc $CORE -o "$OUT/fuzz_identity_decode"
 "$CXX" $FLAGS tests/fuzz/make_seeds.cc $CORE -o "$OUT/make_seeds"
 "$OUT/make_seeds" "$OUT/corpus"
 # -rss_limit_mb: a decoder that allocates from a hostile length prefix fails here, not in production.
-if ! "$OUT/fuzz_identity_decode" "$OUT/corpus" -max_total_time="${FUZZ_SECONDS:-20}" -max_len=20000 \
+if ! "$OUT/fuzz_identity_decode" "$OUT/corpus" "$(budget "${FUZZ_RUNS_IDENTITY:-}")" -reload=0 -max_len=20000 \
     -rss_limit_mb=512 -artifact_prefix="$OUT/" -print_final_stats=1 -dict=tests/fuzz/identity.dict >"$OUT/fuzz.log" 2>&1; then
   cat "$OUT/fuzz.log" >&2
   echo "fuzz.sh: the identity decoder failed on the input saved above (crash-*/leak-* in $OUT)" >&2
@@ -31,11 +35,12 @@ if ! "$OUT/fuzz_identity_decode" "$OUT/corpus" -max_total_time="${FUZZ_SECONDS:-
 fi
 grep -E "^Done|stat::number_of_executed_units|stat::peak_rss_mb" "$OUT/fuzz.log"
 
-# run_target NAME WHAT PREFIX DICT: fuzzes $OUT/NAME from the corpus $OUT/<PREFIX>corpus for $FUZZ_SECONDS; on a
-# failure prints the log and says that WHAT failed on the input saved as <PREFIX>crash-* or <PREFIX>leak-* in $OUT.
+# run_target NAME WHAT PREFIX DICT RUNS: fuzzes $OUT/NAME from the corpus $OUT/<PREFIX>corpus for RUNS inputs (or
+# $FUZZ_SECONDS); on a failure prints the log and says that WHAT failed on the input saved as <PREFIX>crash-* or
+# <PREFIX>leak-* in $OUT.
 run_target() {
-  local name=$1 what=$2 prefix=$3 dict=$4
-  if ! "$OUT/$name" "$OUT/${prefix}corpus" -max_total_time="${FUZZ_SECONDS:-20}" -max_len=65536 \
+  local name=$1 what=$2 prefix=$3 dict=$4 runs=$5
+  if ! "$OUT/$name" "$OUT/${prefix}corpus" "$(budget "$runs")" -reload=0 -max_len=65536 \
       -rss_limit_mb=512 -artifact_prefix="$OUT/$prefix" -print_final_stats=1 -dict="$dict" \
       >"$OUT/$name.log" 2>&1; then
     cat "$OUT/$name.log" >&2
@@ -53,7 +58,7 @@ mkdir -p "$OUT/log-corpus"
 printf '[rank7]: Duplicate GPU detected : rank 7 and rank 3 both on CUDA device 10000\r\nok\n' >"$OUT/log-corpus/seed1"
 # issue 27: every recogniser's examples pasted every way (quoted, wrapped, numbered, prefixed, escaped) as seeds
 PYTHONPATH=python:tests/python "$PY" tests/fuzz/write_paste_seeds.py "$OUT/log-corpus"
-run_target fuzz_log_scan "the log reader" log- tests/fuzz/log_scan.dict
+run_target fuzz_log_scan "the log reader" log- tests/fuzz/log_scan.dict "${FUZZ_RUNS_LOG_SCAN:-}"
 
 # explain's reading of pasted text (issue 27): random stacks of what copying a log does to the recognisers'
 # examples never give a number the clean text does not. Needs the built module (scripts/test.sh builds it).
@@ -77,4 +82,5 @@ fi
   csrc/gpuguard/error.cc -o "$OUT/fuzz_flight_recorder"
 mkdir -p "$OUT/fr-corpus"
 printf '%s' '{"entries":[{"collective_seq_id":1,"input_dtypes":["Float"],"input_sizes":[[4]],"process_group":["0","default_pg"],"profiling_name":"gloo:all_reduce","retired":true,"state":"scheduled","thread_id":"1","time_created_ns":1795529047835970399}],"pg_status":{"0":{"last_completed_collective":"1","last_enqueued_collective":"2","last_started_collective":"-1"}},"version":"2.10"}' >"$OUT/fr-corpus/seed1"
-run_target fuzz_flight_recorder "the flight recorder reader" fr- tests/fuzz/flight_recorder.dict
+run_target fuzz_flight_recorder "the flight recorder reader" fr- tests/fuzz/flight_recorder.dict \
+  "${FUZZ_RUNS_FLIGHT_RECORDER:-}"
