@@ -12,4 +12,5 @@ scrubbed``); the launcher puts tests/ on the path of the processes it starts, so
     launch   Job (a command in its own session, output in files, killed whole) and torchrun's command lines
     rank     write_result: what a rank script calls to leave its result in its own file, atomically
     ray_head RayHead: a Ray cluster of the test's own, always stopped
+    ray_start one Ray cluster starting at a time among the test processes (a lock every pytest process shares)
 """

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from .ports import free_port
+from .ray_start import starting_alone
 
 #: Set in the environment of `ray start`, so every process of the cluster (and every driver joining it) has it.
 MARK = "GPUGUARD_TEST_RAY_CLUSTER"
@@ -70,7 +71,8 @@ class RayHead:
         with other ports (START_TRIES in all)."""
         attempt = 1
         while True:
-            proc = subprocess.run(self._args, env=self._env, capture_output=True, text=True, timeout=timeout)
+            with starting_alone():  # no other test's cluster starting beside it (gg_testing.ray_start)
+                proc = subprocess.run(self._args, env=self._env, capture_output=True, text=True, timeout=timeout)
             if proc.returncode == 0:
                 return self
             self._end_processes()

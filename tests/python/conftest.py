@@ -15,6 +15,7 @@ import pytest
 from gg_testing.env import FakeGpus, fakes_dir as find_fakes_dir
 from gg_testing.cpu_time import *  # noqa: F401,F403  (each test's CPU seconds, for CI's table)
 from gg_testing.launch import reap_all
+from gg_testing.ray_start import until_a_driver_joins
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +33,19 @@ def _end_jobs_left_running() -> Iterator[None]:
     """A test that fails before its job ended leaves nothing running for the next one."""
     yield
     reap_all()
+
+
+@pytest.fixture(autouse=True)
+def _one_ray_cluster_starting_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ray_cluster starts once no other test's Ray cluster is starting, and holds the others back
+    until its own driver joined its cluster (gg_testing.ray_start). ray_cluster(shared=True): the test uses the
+    cluster its module's fixture started, which held them back itself."""
+    marker = request.node.get_closest_marker("ray_cluster")
+    if marker is None or marker.kwargs.get("shared"):
+        yield
+        return
+    with until_a_driver_joins():
+        yield
 
 
 @pytest.fixture(params=["C++", "Python"])

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster]
+from gg_testing.ray_start import starting_alone
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster(shared=True)]  # the module's one cluster
 ray = pytest.importorskip("ray")
 
 import gpuguard  # noqa: E402
@@ -29,8 +31,9 @@ def cluster(fake_gpus):
     env = fake_gpus.env("h100x8")
     env_vars = {k: env[k] for k in ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_FAKE_TOPOLOGY", "PYTHONPATH")
                 if k in env}
-    ray.init(num_gpus=8, num_cpus=16, include_dashboard=False, object_store_memory=100 * 2**20,
-             log_to_driver=False, runtime_env={"env_vars": env_vars})
+    with starting_alone():  # no other test's cluster starting beside it (gg_testing.ray_start)
+        ray.init(num_gpus=8, num_cpus=16, include_dashboard=False, object_store_memory=100 * 2**20,
+                 log_to_driver=False, runtime_env={"env_vars": env_vars})
     try:
         yield fake_gpus.topology("h100x8")
     finally:

@@ -174,3 +174,74 @@ def test_every_test_file_that_starts_a_ray_cluster_marks_its_tests_ray_cluster()
     assert len(files) >= 6, files  # the scan finds the Ray tests there are
     unmarked = [str(p.relative_to(tests)) for p in files if "pytest.mark.ray_cluster" not in p.read_text()]
     assert not unmarked, f"these start a Ray cluster but mark no test ray_cluster: {unmarked}"
+
+
+# A second process holding the start lock (gg_testing.ray_start) until its stdin closes.
+LOCK_HOLDER = r"""
+import sys
+from pathlib import Path
+from gg_testing import ray_start
+ray_start.LOCK_PATH = Path(sys.argv[1])
+with ray_start.starting_alone():
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def lock_taken(path: Path) -> bool:
+    """Whether some holder has the lock at ``path`` (a lock of its own open file: flock sees it as another's)."""
+    import fcntl
+
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_ray_cluster_starts_only_once_no_other_process_is_starting_one(tmp_path, monkeypatch):
+    from gg_testing import ray_start
+
+    monkeypatch.setattr(ray_start, "LOCK_PATH", tmp_path / "start.lock")
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(ray_start.LOCK_PATH)], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(
+                                  Path(__file__).parents[1])))
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(TimeoutError, match=r"another test's Ray cluster was still starting after 1 s "
+                                               r"\(lock .*start\.lock\); its test's output says why"):
+            with ray_start.starting_alone(wait_s=1):
+                pass
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with ray_start.starting_alone(wait_s=5):
+        assert lock_taken(ray_start.LOCK_PATH)
+        with ray_start.starting_alone(wait_s=1):  # re-entrant within the process: RayHead.start inside a test
+            pass
+        assert lock_taken(ray_start.LOCK_PATH)
+    assert not lock_taken(ray_start.LOCK_PATH)
+
+
+def test_a_test_holds_other_ray_starts_back_until_a_new_driver_joins_or_it_ends(tmp_path, monkeypatch):
+    from gg_testing import ray_start
+
+    monkeypatch.setattr(ray_start, "LOCK_PATH", tmp_path / "start.lock")
+    logs = tmp_path / "session_1" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "python-core-driver-01_100.log").write_text("")  # a driver of before: it does not count
+    monkeypatch.setattr(ray_start, "DRIVER_LOGS", (str(tmp_path / "session_*/logs/python-core-driver-*"),))
+    with ray_start.until_a_driver_joins(hold_s=60):
+        # still held 1.5 s on (the watcher looks every 0.25 s): the old driver's log did not release it
+        assert not wait_until(lambda: not lock_taken(ray_start.LOCK_PATH), 1.5, what=None)
+        (logs / "python-core-driver-01_200.log").write_text("")
+        wait_until(lambda: not lock_taken(ray_start.LOCK_PATH), 10, what="the release once a new driver joined")
+    assert not lock_taken(ray_start.LOCK_PATH)
+    with ray_start.until_a_driver_joins(hold_s=60):  # no driver: held until the test ends
+        assert lock_taken(ray_start.LOCK_PATH)
+    assert not lock_taken(ray_start.LOCK_PATH)
+    with ray_start.until_a_driver_joins(hold_s=0.5):  # nor past its bound
+        wait_until(lambda: not lock_taken(ray_start.LOCK_PATH), 10, what="the release at hold_s")

@@ -1,0 +1,122 @@
+"""One Ray cluster starting at a time among the test processes on this machine (pytest -n 2 runs two tests at once).
+
+Two clusters starting together on CI's two cores left one dashboard agent 36 s to start: its raylet died waiting for
+it, and ray.init() gave up after its 30 s, which Ray 2.60 hard-codes (the CI run of 8042364). So a cluster starts
+while this process holds a lock that every pytest process on the machine shares:
+
+    starting_alone()       around a start the test itself makes and waits for: ray.init() in the test's own
+                           process, `ray start --head` (RayHead.start)
+    until_a_driver_joins() from a test's start until a Ray driver that began after it has joined its cluster (a new
+                           python-core-driver log in a session folder: the driver's ray.init() had its node), or the
+                           test's end, or HOLD_S: for clusters that a driver script the test runs starts itself
+
+The lock is re-entrant within a process (a test holding it may call RayHead.start). No one waits for it longer than
+WAIT_S: a start that takes longer failed, and its test says so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import os
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+#: The lock file: in the system's temp folder, shared by every pytest process and lane on the machine.
+LOCK_PATH = Path(tempfile.gettempdir()) / "gpuguard-tests-ray-start.lock"
+#: The longest a test holds the lock waiting for a driver to join (a driver script's start took 8-25 s on CI).
+HOLD_S = 90.0
+#: The longest anyone waits for the lock: a holder's HOLD_S, or `ray start --head` bounded by RayHead's 180 s.
+WAIT_S = 240.0
+#: Where Ray writes its sessions: ray.init()'s default, and RayHead's own temp folders.
+DRIVER_LOGS = ("/tmp/ray/session_*/logs/python-core-driver-*", "/tmp/gg-ray-*/session_*/logs/python-core-driver-*")
+
+_guard = threading.Lock()
+_depth = 0
+_fd = -1
+
+
+def _acquire(wait_s: float) -> None:
+    global _depth, _fd
+    with _guard:
+        if _depth:
+            _depth += 1
+            return
+    fd = os.open(LOCK_PATH, os.O_CREAT | os.O_RDWR, 0o666)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise TimeoutError(f"another test's Ray cluster was still starting after {wait_s:.0f} s "
+                                   f"(lock {LOCK_PATH}); its test's output says why") from None
+            time.sleep(0.2)
+    with _guard:
+        _fd, _depth = fd, 1
+
+
+def _release() -> None:
+    global _depth, _fd
+    with _guard:
+        if not _depth:
+            return
+        _depth -= 1
+        if _depth:
+            return
+        fd, _fd = _fd, -1
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+@contextmanager
+def starting_alone(wait_s: float = WAIT_S) -> Iterator[None]:
+    """Holds the lock while the body starts a cluster and waits for it."""
+    _acquire(wait_s)
+    try:
+        yield
+    finally:
+        _release()
+
+
+def driver_logs() -> set[str]:
+    return {path for pattern in DRIVER_LOGS for path in glob.glob(pattern)}
+
+
+@contextmanager
+def until_a_driver_joins(hold_s: float = HOLD_S, wait_s: float = WAIT_S) -> Iterator[None]:
+    """Holds the lock from here until a driver that began after this point has joined a cluster, or the body
+    ends, or ``hold_s`` passed."""
+    _acquire(wait_s)
+    before = driver_logs()
+    done = threading.Event()
+    released = threading.Lock()  # the watcher and the body's end release once between them
+    state = {"held": True}
+
+    def release_once() -> None:
+        with released:
+            if state["held"]:
+                state["held"] = False
+                _release()
+
+    def watch() -> None:
+        deadline = time.monotonic() + hold_s
+        while not done.wait(0.25):
+            if time.monotonic() > deadline or driver_logs() - before:
+                release_once()
+                return
+
+    watcher = threading.Thread(target=watch, name="gg-ray-start", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        release_once()
