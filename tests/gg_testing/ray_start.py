@@ -12,6 +12,10 @@ while this process holds a lock that every pytest process on the machine shares:
 
 The lock is re-entrant within a process (a test holding it may call RayHead.start). No one waits for it longer than
 WAIT_S: a start that takes longer failed, and its test says so.
+
+Ray also starts its workers 15 nice levels below its raylet (worker_niceness, in Ray 2.43 and 2.60 alike): beside
+other tests' busy processes, an actor importing torch at nice 15 (19 under CI's nice-10 lane) waited out Ray's own
+deadlines. ``workers_at_the_tests_priority`` gives the tests' clusters workers at the priority of the test.
 """
 
 from __future__ import annotations
@@ -120,3 +124,9 @@ def until_a_driver_joins(hold_s: float = HOLD_S, wait_s: float = WAIT_S) -> Iter
         done.set()
         watcher.join()
         release_once()
+
+
+def workers_at_the_tests_priority(environ: "os._Environ[str]" = os.environ) -> None:
+    """Ray workers at the priority of the process that started their cluster (the variable Ray reads; a test run
+    that sets it otherwise keeps its own)."""
+    environ.setdefault("RAY_worker_niceness", "0")

@@ -15,7 +15,9 @@ import pytest
 from gg_testing.env import FakeGpus, fakes_dir as find_fakes_dir
 from gg_testing.cpu_time import *  # noqa: F401,F403  (each test's CPU seconds, for CI's table)
 from gg_testing.launch import reap_all
-from gg_testing.ray_start import until_a_driver_joins
+from gg_testing.ray_start import until_a_driver_joins, workers_at_the_tests_priority
+
+workers_at_the_tests_priority()  # before any test builds an environment from os.environ
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ the job's runtime_env, maps visible index N to GPU N of the 8-GPU topology, as t
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 from typing import Any
@@ -45,6 +46,16 @@ def get(refs: Any, timeout: float = GET_TIMEOUT) -> Any:
 
 
 # ---- the rendezvous actor: torch.distributed.Store semantics ----
+
+def test_the_tests_ray_workers_run_at_the_priority_of_the_test(cluster):
+    # gg_testing.ray_start: by default Ray starts its workers 15 nice levels lower, where beside busy tests an
+    # actor importing torch starved past Ray's own deadlines
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert get(niceness.remote()) == os.nice(0)
+
 
 def test_rendezvous_store_has_c10d_semantics_and_waiters_do_not_block_writers(cluster):
     store = RayStore("store-semantics", timeout=2)
