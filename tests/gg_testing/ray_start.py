@@ -30,6 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .procs import wait_until
+
 #: The lock file: in the system's temp folder, shared by every pytest process and lane on the machine.
 LOCK_PATH = Path(tempfile.gettempdir()) / "gpuguard-tests-ray-start.lock"
 #: The longest a test holds the lock waiting for a driver to join (a driver script's start took 8-25 s on CI).
@@ -44,6 +46,16 @@ _depth = 0
 _fd = -1
 
 
+def try_lock(fd: int) -> bool:
+    """Takes the lock through the open file ``fd`` if no other open file of it holds the lock (flock: another
+    open() of the same file counts as another holder, in this process too)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def _acquire(wait_s: float) -> None:
     global _depth, _fd
     with _guard:
@@ -51,17 +63,10 @@ def _acquire(wait_s: float) -> None:
             _depth += 1
             return
     fd = os.open(LOCK_PATH, os.O_CREAT | os.O_RDWR, 0o666)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                raise TimeoutError(f"another test's Ray cluster was still starting after {wait_s:.0f} s "
-                                   f"(lock {LOCK_PATH}); its test's output says why") from None
-            time.sleep(0.2)
+    if not wait_until(lambda: try_lock(fd), wait_s, interval=0.2, what=None):
+        os.close(fd)
+        raise TimeoutError(f"another test's Ray cluster was still starting after {wait_s:.0f} s "
+                           f"(lock {LOCK_PATH}); its test's output says why")
     with _guard:
         _fd, _depth = fd, 1
 
@@ -100,14 +105,11 @@ def until_a_driver_joins(hold_s: float = HOLD_S, wait_s: float = WAIT_S) -> Iter
     _acquire(wait_s)
     before = driver_logs()
     done = threading.Event()
-    released = threading.Lock()  # the watcher and the body's end release once between them
-    state = {"held": True}
+    once = threading.Lock()  # the watcher and the body's end: whichever takes it first releases
 
     def release_once() -> None:
-        with released:
-            if state["held"]:
-                state["held"] = False
-                _release()
+        if once.acquire(blocking=False):
+            _release()
 
     def watch() -> None:
         deadline = time.monotonic() + hold_s

@@ -167,8 +167,9 @@ STARTS_RAY = re.compile(r"ray\.init\(|RayHead\(|ray_scripts|ray start|ray job su
 
 
 def test_every_test_file_that_starts_a_ray_cluster_marks_its_tests_ray_cluster():
-    # CI runs the marked tests one at a time at normal priority (pyproject's markers): one left unmarked would start
-    # its cluster at nice 10 beside other clusters and busy ranks, where Ray's own deadlines ran out before
+    # CI runs the marked tests at normal priority, one cluster starting at a time (pyproject's markers): one left
+    # unmarked would start its cluster at nice 10 beside other clusters and busy ranks, where Ray's own deadlines ran
+    # out before
     tests = Path(__file__).parents[1]
     files = sorted(p for p in tests.rglob("test_*.py") if STARTS_RAY.search(p.read_text()))
     assert len(files) >= 6, files  # the scan finds the Ray tests there are
@@ -189,17 +190,15 @@ with ray_start.starting_alone():
 
 
 def lock_taken(path: Path) -> bool:
-    """Whether some holder has the lock at ``path`` (a lock of its own open file: flock sees it as another's)."""
-    import fcntl
+    """Whether some holder has the lock at ``path`` (tried through an open file of its own: flock sees it as
+    another holder)."""
+    from gg_testing.ray_start import try_lock
 
     fd = os.open(path, os.O_CREAT | os.O_RDWR)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return not try_lock(fd)
     finally:
         os.close(fd)
-    return False
 
 
 def test_a_ray_cluster_starts_only_once_no_other_process_is_starting_one(tmp_path, monkeypatch):
