@@ -31,7 +31,7 @@ from gpuguard import DuplicateDeviceError, GpuGuardError, RankMappingError, Rend
 from gpuguard.deadline import Deadline
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
-from gpuguard.placement.stores import ABANDON_AFTER_S, tcp_client
+from gpuguard.placement.stores import ABANDON_AFTER_S, _Caller, tcp_client
 
 
 @pytest.fixture
@@ -452,6 +452,21 @@ def test_a_store_whose_server_stops_answering_ends_the_call_by_the_deadline():
         server.kill()
         server.wait()
         server.stdout.close()
+
+
+def test_a_store_call_helper_made_long_before_its_first_call_still_serves_it(monkeypatch):
+    """A rank's store calls run on a helper thread that ends after IDLE_S without work. 1,024 ranks' threads in one
+    process share the GIL: one may get it back only seconds after it made its helper (the CI run of 6e355b4 on
+    torch 2.6: rank threads of the thousand-rank test failed with the helper gone before their first call)."""
+    monkeypatch.setattr(_Caller, "IDLE_S", 0.05)
+    caller = _Caller()
+    time.sleep(0.3)  # six times the idle time between making the helper and handing it its first call
+    job = caller.submit(lambda: 42)
+    assert job is not None
+    outcome, done = job
+    assert done.wait(10) and outcome == [(True, 42)]
+    wait_until(lambda: not caller.alive, 10)  # idle once its work is done, it ends, and takes no more
+    assert caller.submit(lambda: 1) is None
 
 
 def test_every_store_call_keeps_to_the_deadline_whatever_the_stores_own_timeout(master):

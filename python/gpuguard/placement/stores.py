@@ -132,7 +132,9 @@ class _Caller:
         self._lock = threading.Lock()
         self.alive = True
         self.stuck = False
-        threading.Thread(target=self._serve, name="gpuguard-store-call", daemon=True).start()
+        # started by the first submit, with that call already queued: a thread started here could wait out IDLE_S
+        # and end before its first call came (1,024 ranks' threads in one process, the GIL shared among them)
+        self._thread: Optional[threading.Thread] = None
 
     def _serve(self) -> None:
         while True:
@@ -158,6 +160,9 @@ class _Caller:
             outcome: list[Any] = []
             done = threading.Event()
             self._jobs.put((fn, outcome, done))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="gpuguard-store-call", daemon=True)
+                self._thread.start()
             return outcome, done
 
 
