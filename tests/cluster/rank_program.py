@@ -3,7 +3,10 @@
     rank_program.py init   gpuguard.init_process_group("gloo") (the env:// store, rank 0 serving it), up to
                            torch's own init, replaced by one more meeting through that store
     rank_program.py bind   gpuguard.bind() (the torchrun agent store)
-GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead.
+GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead. With
+GG_MARKS (a folder) the rank makes a file named by its rank there once it is about to call gpuguard (its imports
+done), for a test whose other ranks must start only then. The line gives the seconds since the program started
+(``seconds``), those of the gpuguard call alone (``call_seconds``) and when it ended (``ended``, the epoch's).
 """
 
 import json
@@ -25,6 +28,15 @@ def raw_rank():
     return None
 
 
+def about_to_call():
+    """Marks this rank's start in GG_MARKS, if given; returns when the gpuguard call starts."""
+    if os.environ.get("GG_MARKS"):
+        with open(os.path.join(os.environ["GG_MARKS"], str(raw_rank())), "w"):
+            pass
+    return time.monotonic()
+
+
+call_started = None
 mode = sys.argv[1] if len(sys.argv) > 1 else "init"
 timeout = float(os.environ.get("GG_TIMEOUT", "40"))
 out = {"host": socket.gethostname(), "pid": os.getpid()}
@@ -47,15 +59,20 @@ try:
                 left = store.add("rank_program/left", 0)
 
         dist.init_process_group = torch_init
+        call_started = about_to_call()
         b = gpuguard.init_process_group("gloo", bind_timeout=timeout)
     else:
+        call_started = about_to_call()
         b = gpuguard.bind(timeout=timeout)
     out.update(ok=True, rank=b.rank, world_size=b.world_size, local_rank=b.local_rank,
                local_world_size=b.local_world_size, node_rank=b.node_rank, launcher=b.launcher,
                device=str(b.device), uuid=b.uuid)
 except gpuguard.GpuGuardError as exc:
     out.update(ok=False, rank=raw_rank(), error=type(exc).__name__, message=str(exc))
-out["seconds"] = round(time.monotonic() - started, 2)
+ended = time.monotonic()
+out["seconds"] = round(ended - started, 2)
+out["call_seconds"] = None if call_started is None else round(ended - call_started, 2)
+out["ended"] = time.time()
 if len(out.get("message", "")) > 3000:
     out["message"] = out["message"][:3000] + " [cut]"
 line = "GGRESULT " + json.dumps(out) + "\n"
