@@ -21,7 +21,13 @@ import pytest
 JOB_MARK = "GG_TEST_JOB"
 
 
-def run_python(code: str, env: dict[str, str], timeout: float = 120,
+#: Seconds a snippet's interpreter may take before it counts as hung. A bound for a hang, not a measure: in CI's
+#: main lane, at nice 10 beside a Ray cluster starting at normal priority, a snippet that takes 4 s here alone has
+#: run at a twentieth of a core (the torch-warnings test's inner pytest: 16.5 s alone, 214 s in a CI run).
+SNIPPET_TIMEOUT_S = 240.0
+
+
+def run_python(code: str, env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_S,
                check: bool = True) -> subprocess.CompletedProcess[str]:
     """Runs `code` in a fresh interpreter; on failure with check=True, fails the test showing its output."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
@@ -31,13 +37,13 @@ def run_python(code: str, env: dict[str, str], timeout: float = 120,
     return proc
 
 
-def run_json(code: str, env: dict[str, str], timeout: float = 120) -> Any:
+def run_json(code: str, env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_S) -> Any:
     """Runs `code`, which must print one JSON document as its last stdout line, and returns it."""
     proc = run_python(code, env, timeout)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 120,
+def run_cli(args: list[str], env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_S,
             stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpuguard", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, input=stdin)
