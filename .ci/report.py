@@ -75,7 +75,7 @@ def why(outcome: ElementTree.Element, width: int) -> str:
     error = error or " ".join((outcome.get("message") or "").split())
     if len(error) > width:
         error = f"{error[:width // 2]} [...] {error[-width // 2:]}"
-    return f"at `{statement[:200]}`: {error}" if statement else error
+    return f"at `{statement[:120]}`: {error}" if statement else error
 
 
 def slowest_files(tests: list[tuple[float, str, str]], count: int) -> list[tuple[float, int, str, str]]:
@@ -118,7 +118,7 @@ def main() -> None:
         print(f"\nci: the {count} tests costing the most CPU")
         for seconds, corner, name in sorted(cpu, reverse=True)[:count]:
             print(f"{seconds:8.1f} s  {corner:<18} {name}")
-    failed = failures(parsed, 700)
+    failed = failures(parsed, 300)  # short: what CI's caller shows of the output is its last few thousand characters
     if failed:
         print(f"\nci: {len(failed)} failed tests, each with the statement that failed and its error (start and end)")
         for corner, name, text in failed:
