@@ -6,7 +6,8 @@
 GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead. With
 GG_MARKS (a folder) the rank makes a file named by its rank there once it is about to call gpuguard (its imports
 done), for a test whose other ranks must start only then. The line gives the seconds since the program started
-(``seconds``), those of the gpuguard call alone (``call_seconds``) and when it ended (``ended``, the epoch's).
+(``seconds``), those of the gpuguard call alone (``call_seconds``) and when it ended (``ended``, seconds since the
+epoch).
 """
 
 import json
@@ -29,7 +30,7 @@ def raw_rank():
 
 
 def about_to_call():
-    """Marks this rank's start in GG_MARKS, if given; returns when the gpuguard call starts."""
+    """Marks in GG_MARKS, if given, that this rank is about to call gpuguard; returns when that call starts."""
     if os.environ.get("GG_MARKS"):
         with open(os.path.join(os.environ["GG_MARKS"], str(raw_rank())), "w"):
             pass
