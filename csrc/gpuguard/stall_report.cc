@@ -352,6 +352,10 @@ StallReport compose_stall_report(const StallSubject& subject, const std::vector<
     }
   }
 
+  // every rank answered and had completed it by then: the collective moved after all, late but not stuck (a rank
+  // that ran seconds behind on a loaded host); a report would say "not completed on any" of ranks that all did
+  if (gone.empty() && behind.empty() && waiting.empty()) return StallReport{kStallResolved, "", ""};
+
   std::string where = subject.op + " #" + std::to_string(subject.seq) + " on group '" + subject.desc + "' (ranks " +
                       format_ranks(subject.ranks) + ")";
   if (issued_at.empty()) issued_at = subject.site;

@@ -51,10 +51,14 @@ struct StallSubject {
 };
 
 struct StallReport {
-  std::string kind;             // rank_behind | rank_slow | no_progress | desync | rank_gone
-  std::string message;          // what every rank prints
-  std::string json;             // {"gpuguard_stall": {...}}
+  std::string kind;             // rank_behind | rank_slow | no_progress | desync | rank_gone, or resolved
+  std::string message;          // what every rank prints ("" when resolved)
+  std::string json;             // {"gpuguard_stall": {...}} ("" when resolved)
 };
+
+// The kind of a stall that ended before its report: every rank answered, and every one had completed the
+// collective by then (a rank was late, not stuck). Nothing is printed for it.
+inline constexpr const char* kStallResolved = "resolved";
 
 // Why a rank did not answer, given its hello record: "its process is gone", "...not answering...".
 using SilenceReason = std::function<std::string(const RankState& hello)>;

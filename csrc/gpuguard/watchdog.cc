@@ -556,7 +556,7 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
       return "no answer within " + std::string(buf) + " s from host " + hello.host +
              ": the process died or the host is unreachable";
     });
-    message = report.message;
+    message = report.message;  // both "" for a stall that resolved: the others read that and print nothing
     json = report.json;
     store_ops_ += 3;
     value_or_throw(store.set(key(e + "answered"), std::to_string(arrived)));
@@ -580,6 +580,7 @@ void Watchdog::handle_alarm(std::uint64_t epoch, bool composer, const std::strin
     json = value_or_throw(store.get(report_key));
     message = value_or_throw(store.get(key(e + "report/message")));
   }
+  if (json.empty()) return;  // resolved before the report: every rank had completed the collective
   deliver(message, json);
   if (!options_.exit_on_stall) return;
   // on_stall="raise": the first rank to exit makes the launcher kill the others, perhaps before they printed the
