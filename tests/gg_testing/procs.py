@@ -38,9 +38,21 @@ def run_python(code: str, env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_
 
 
 def run_json(code: str, env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_S) -> Any:
-    """Runs `code`, which must print one JSON document as its last stdout line, and returns it."""
-    proc = run_python(code, env, timeout)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Runs `code`, which must print one JSON document on a line of its own, last, and returns it."""
+    return last_json(run_python(code, env, timeout).stdout)
+
+
+def last_json(stdout: str) -> Any:
+    """The last line of ``stdout`` that is a JSON object or array. A Ray driver's output can go on after the line
+    it printed last: its raylet's messages (a worker that died, printed even with log_to_driver=False) reach the
+    driver's stdout when they arrive, during ray.shutdown() too (the oldest corner's CI run of 05bf05d)."""
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith(("{", "[")):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise AssertionError(f"no line of the output is a JSON document:\n{stdout[-4000:]}")
 
 
 def run_cli(args: list[str], env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_S,

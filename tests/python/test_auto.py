@@ -20,7 +20,7 @@ from gg_testing import launch
 from gg_testing.env import auto_env
 from gg_testing.launch import write
 from gg_testing.ports import free_port
-from gg_testing.procs import run_json, run_python
+from gg_testing.procs import last_json, run_json, run_python
 
 ACTIVE = "gpuguard: active (auto)"
 
@@ -256,7 +256,7 @@ def test_d_ray_actors_with_a_third_of_a_gpu_each_all_raise(fake_gpus):
     env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
     env.pop("GPUGUARD")  # only the setup hook switches it on here
     proc = run_python(code, env, timeout=300)
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = last_json(proc.stdout)
     for r in got["colocated"] + got["whole"]:  # the hook ran and loaded nothing but the standard library
         assert r["before"] == {"_gpuguard_autostart": True, "gpuguard.ray": True, "torch": False,
                                "gpuguard._core": False}, r
@@ -535,7 +535,7 @@ def test_ray_actor_restarted_by_max_restarts_meets_its_peers_again(fake_gpus):
     env = auto_env(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
     env.pop("GPUGUARD")
     proc = run_python(code, env, timeout=300)
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = last_json(proc.stdout)
     assert got["restarted"]
     # a GPU each, both rounds: gpuguard's check passes (a RendezvousTimeoutError here is the restarted actor
     # reading its own first round again while its peer waits in the second)
