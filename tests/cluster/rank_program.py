@@ -5,7 +5,8 @@
     rank_program.py bind   gpuguard.bind() (the torchrun agent store)
 GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead. With
 GG_MARKS (a folder) the rank makes a file named by its rank there once it is about to call gpuguard (its imports
-done), for a test whose other ranks must start only then. The line gives the seconds since the program started
+done); with GG_AFTER_MARKS (ranks, "1,3") too, it first waits up to 120 s for those ranks' files, so that a test's
+ranks call gpuguard in the order it needs while all of them import at once. The line gives the seconds since the program started
 (``seconds``), those of the gpuguard call alone (``call_seconds``) and when it ended (``ended``, seconds since the
 epoch).
 """
@@ -30,9 +31,15 @@ def raw_rank():
 
 
 def about_to_call():
-    """Marks in GG_MARKS, if given, that this rank is about to call gpuguard; returns when that call starts."""
-    if os.environ.get("GG_MARKS"):
-        with open(os.path.join(os.environ["GG_MARKS"], str(raw_rank())), "w"):
+    """Marks in GG_MARKS, if given, that this rank is about to call gpuguard, once the ranks of GG_AFTER_MARKS have
+    (bounded); returns when that call starts."""
+    marks = os.environ.get("GG_MARKS")
+    if marks:
+        after = [r for r in os.environ.get("GG_AFTER_MARKS", "").split(",") if r]
+        until = time.monotonic() + 120
+        while time.monotonic() < until and not all(os.path.exists(os.path.join(marks, r)) for r in after):
+            time.sleep(0.05)
+        with open(os.path.join(marks, str(raw_rank())), "w"):
             pass
     return time.monotonic()
 

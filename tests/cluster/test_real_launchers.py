@@ -185,14 +185,15 @@ def test_a_broken_launch_environment_on_one_rank_stops_every_rank_at_once(cluste
 
 
 def test_several_failed_ranks_are_all_named(cluster, tmp_path):
-    # ranks 0 and 2 start once both failing ranks are about to call gpuguard (rank_program.py marks it, its imports
-    # done), so that all four reach the check within the 5 s a reader of a failure waits for the rest
-    # (exchange.FAILURE_GRACE_S): a fixed 2 s head start was not enough on a loaded machine, nor marks made before
-    # the failing ranks' Python started (the CI run of 6e355b4: rank 3 came later and only rank 1 was named)
+    # all four import at once; ranks 0 and 2 call gpuguard once both failing ranks are about to (rank_program.py's
+    # marks), so that all four reach the check within the 5 s a reader of a failure waits for the rest
+    # (exchange.FAILURE_GRACE_S). Rank 0 serves the store: the failing ranks wait for it in their call, and publish
+    # together once it is up. Not enough on a loaded machine: a fixed 2 s head start; marks made before the failing
+    # ranks' Python started (CI, 6e355b4: rank 3 came later, only rank 1 was named); ranks 0 and 2 starting Python
+    # only after the marks (CI, 05bf05d: rank 0's imports outlasted the others' 30 s deadline)
     rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ] || [ "$SLURM_PROCID" = 3 ]; then '
-                                   'export LOCAL_RANK=7; '
-                                   'else for i in $(seq 600); do [ -e "$GG_MARKS/1" ] && [ -e "$GG_MARKS/3" ] && break; '
-                                   'sleep 0.1; done; fi', n=4, GG_MARKS=str(tmp_path))
+                                   'export LOCAL_RANK=7; else export GG_AFTER_MARKS=1,3; fi', n=4,
+                          GG_MARKS=str(tmp_path))
     assert len(rs) == 4, r.stdout + r.stderr
     for x in (rs[0], rs[2]):
         assert x["error"] == "LaunchEnvironmentError", x
