@@ -6,9 +6,9 @@
 GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead. With
 GG_MARKS (a folder) the rank makes a file named by its rank there once it is about to call gpuguard (its imports
 done); with GG_AFTER_MARKS (ranks, "1,3") too, it first waits up to 120 s for those ranks' files, so that a test's
-ranks call gpuguard in the order it needs while all of them import at once. The line gives the seconds since the program started
-(``seconds``), those of the gpuguard call alone (``call_seconds``) and when it ended (``ended``, seconds since the
-epoch).
+ranks call gpuguard in the order it needs while all of them import at once. The line gives the seconds since the
+program started (``seconds``), those of the gpuguard call alone (``call_seconds``) and when it ended (``ended``,
+seconds since the epoch).
 """
 
 import json
