@@ -25,6 +25,10 @@ JOB_MARK = "GG_TEST_JOB"
 #: main lane, at nice 10 beside a Ray cluster starting at normal priority, a snippet that takes 4 s here alone has
 #: run at a twentieth of a core (the torch-warnings test's inner pytest: 16.5 s alone, 214 s in a CI run).
 SNIPPET_TIMEOUT_S = 240.0
+#: The same for a CPU-bound child (torch.compile at work, a benchmark of many simulated ranks), and the test's own
+#: bound around it: such a child took up to 214 s in the CI run of 8cd8552 beside the Ray tests, 8-99 s here alone.
+CPU_BOUND_TIMEOUT_S = 480.0
+CPU_BOUND_TEST_TIMEOUT_S = CPU_BOUND_TIMEOUT_S + 60
 
 
 def run_python(code: str, env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_S,

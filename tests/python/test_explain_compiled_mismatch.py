@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gg_testing.env import no_driver_env
+from gg_testing.procs import CPU_BOUND_TEST_TIMEOUT_S, CPU_BOUND_TIMEOUT_S
 from gpuguard.logs import explain, kinds_in
 
 KIND = "gpuguard_device_mismatch"
@@ -79,22 +80,17 @@ elif form == "internal":  # raised by a function Dynamo runs while it traces
 """
 
 
-# Each job compiles with torch.compile's Inductor: CPU-bound, on CI's shared cores. The bounds are for a hang, not a
-# measure: the CI run of 8cd8552 took up to 161 s of the 240 s it had, beside the Ray tests.
-DIED_OF_TIMEOUT_S = 480
-
-
 def died_of(form: str, tmp_path: Path) -> tuple[str, dict]:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(SCRIPT))
     facts = tmp_path / "facts.json"
     proc = subprocess.run([sys.executable, str(script), form, str(facts)], env=no_driver_env(), capture_output=True,
-                          text=True, timeout=DIED_OF_TIMEOUT_S)
+                          text=True, timeout=CPU_BOUND_TIMEOUT_S)  # Dynamo compiling: CPU-bound
     assert proc.returncode != 0, proc.stdout
     return proc.stderr, json.loads(facts.read_text())
 
 
-@pytest.mark.timeout(DIED_OF_TIMEOUT_S + 60)
+@pytest.mark.timeout(CPU_BOUND_TEST_TIMEOUT_S)
 @pytest.mark.parametrize("form", ["eager", "compiled", "observed", "fake_tensor", "internal"])
 def test_explain_reads_the_report_in_the_text_this_torch_prints(form, tmp_path):
     stderr, facts = died_of(form, tmp_path)
@@ -114,7 +110,7 @@ def test_explain_reads_the_report_in_the_text_this_torch_prints(form, tmp_path):
         assert "layer '<root>' (Linear) is about to run on tensors from 2 devices (cpu, meta)" in found.summary
 
 
-@pytest.mark.timeout(DIED_OF_TIMEOUT_S + 60)
+@pytest.mark.timeout(CPU_BOUND_TEST_TIMEOUT_S)
 def test_every_rank_of_a_job_is_named(tmp_path):
     stderr, facts = died_of("compiled", tmp_path)
     # torch.distributed's excepthook prefixes each line of a rank's traceback with "[rank<r>]: "

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from gg_testing.paths import ROOT
+from gg_testing.procs import CPU_BOUND_TEST_TIMEOUT_S, CPU_BOUND_TIMEOUT_S
 from gpuguard.placement.stores import ABANDON_AFTER_S
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -57,13 +58,13 @@ def test_a_wait_that_times_out_is_cancelled_and_the_connection_stays_usable(serv
 @pytest.mark.skipif(importlib.util.find_spec("gevent") is None,
                     reason="the simulation's ranks are gevent greenlets: pip install gevent (CI's newest corner "
                            "has it)")
-@pytest.mark.timeout(540)  # the benchmark's 480 s and the test's own work
+@pytest.mark.timeout(CPU_BOUND_TEST_TIMEOUT_S)  # the benchmark's bound and the test's own work
 def test_simulated_ranks_get_the_verdicts_real_ranks_get(tmp_path):
     out = tmp_path / "scale.json"
     # a bound for a hang, not a measure: in the CI run of 8cd8552 this took 191 s of the 300 s it then had
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--sizes", "64",
                            "--deadline", "4", "--watch-s", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=480)
+                          capture_output=True, text=True, timeout=CPU_BOUND_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = {r["scenario"]: r for r in json.loads(out.read_text())["runs"]}
     assert runs["pass"]["verdicts"] == ["ok"] and runs["pass"]["ops_median"] == 8

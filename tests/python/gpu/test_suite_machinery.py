@@ -17,6 +17,7 @@ import pytest
 
 from .acceptance_report import merge, table
 from gg_testing.paths import ROOT
+from gg_testing.procs import CPU_BOUND_TEST_TIMEOUT_S, CPU_BOUND_TIMEOUT_S
 from .gpu_support import nccl_lines, read_results, torchrun, worker
 
 # ---- each rank's result in a file of its own ---------------------------------------------------------------
@@ -175,7 +176,7 @@ _FAIL = ["test_gpuguards_own_warning_attributed_to_the_caller", "test_a_gpuguard
 
 @pytest.mark.follows_torch  # which warnings torch's own modules raise changes with each release
 @pytest.mark.slow
-@pytest.mark.timeout(540)  # the inner pytest's 480 s and the outer's own work
+@pytest.mark.timeout(CPU_BOUND_TEST_TIMEOUT_S)  # the inner pytest's bound and the outer's own work
 def test_warnings_of_torchs_modules_are_reported_and_gpuguards_fail_the_test(tmp_path):
     (tmp_path / "test_warnings_here.py").write_text(_WARNING_TESTS)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # -W would replace the filters' defaults
@@ -188,7 +189,7 @@ def test_warnings_of_torchs_modules_are_reported_and_gpuguards_fail_the_test(tmp
     proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
                            str(tmp_path), "-p", "no:cacheprovider", "-p", "no:xdist", f"--junitxml={junit}", "-q",
                            str(tmp_path / "test_warnings_here.py")], env=env, cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=480)
+                          capture_output=True, text=True, timeout=CPU_BOUND_TIMEOUT_S)
     output = proc.stdout + proc.stderr
     outcomes = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
