@@ -47,15 +47,15 @@ def run_json(code: str, env: dict[str, str], timeout: float = SNIPPET_TIMEOUT_S)
 
 
 def last_json(stdout: str) -> Any:
-    """The last line of ``stdout`` that is a JSON object or array. A Ray driver's output can go on after the line
-    it printed last: its raylet's messages (a worker that died, printed even with log_to_driver=False) reach the
-    driver's stdout when they arrive, during ray.shutdown() too (the oldest corner's CI run of 05bf05d)."""
+    """The last line of ``stdout`` that is a JSON document (an object, an array, a string or a number: a snippet
+    may print any of them). A Ray driver's output can go on after the line it printed last: its raylet's messages
+    (a worker that died, printed even with log_to_driver=False) reach the driver's stdout when they arrive, during
+    ray.shutdown() too (the oldest corner's CI run of 05bf05d); they are not JSON."""
     for line in reversed(stdout.strip().splitlines()):
-        if line.startswith(("{", "[")):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
     raise AssertionError(f"no line of the output is a JSON document:\n{stdout[-4000:]}")
 
 
