@@ -180,19 +180,25 @@ def test_a_broken_launch_environment_on_one_rank_stops_every_rank_at_once(cluste
         assert "rank 1 (host gg1" in x["message"] and "LOCAL_RANK=5" in x["message"], x["message"]
         assert "did not reach" not in x["message"] and "could not reach" not in x["message"], x["message"]
         assert x["call_seconds"] < 25, x  # at once, not at the deadline
-    assert rs[2]["call_seconds"] < 15, rs[2]  # started late, it read the verdict from rank 0's store at once
+    # rank 2, started late, read the verdict at once: within 10 s of the later of its call's start and rank 1's
+    # end (rank 1 published its failure before it ended). Not its call alone: on a loaded machine rank 0, which
+    # serves the store, can still be importing torch when rank 2 calls (CI, 3d247bd: rank 2's call took 21.7 s)
+    published_by = max(rs[2]["ended"] - rs[2]["call_seconds"], rs[1]["ended"])
+    assert rs[2]["ended"] - published_by < 10, rs
     assert rs[0]["ended"] - rs[2]["ended"] < 10, rs  # and rank 0, serving that store, left then
 
 
 def test_several_failed_ranks_are_all_named(cluster, tmp_path):
-    # all four import at once; ranks 0 and 2 call gpuguard once both failing ranks are about to (rank_program.py's
-    # marks), so that all four reach the check within the 5 s a reader of a failure waits for the rest
-    # (exchange.FAILURE_GRACE_S). Rank 0 serves the store: the failing ranks wait for it in their call, and publish
-    # together once it is up. Not enough on a loaded machine: a fixed 2 s head start; marks made before the failing
-    # ranks' Python started (CI, 6e355b4: rank 3 came later, only rank 1 was named); ranks 0 and 2 starting Python
-    # only after the marks (CI, 05bf05d: rank 0's imports outlasted the others' 30 s deadline)
+    # all four import at once; ranks 1, 2 and 3 call gpuguard once rank 0, which serves the store, is about to
+    # (rank_program.py's marks), so that the two failing ranks start their calls together, find the store up and
+    # publish within the 5 s a reader of a failure waits for the rest (exchange.FAILURE_GRACE_S). Not enough on a
+    # loaded machine: a fixed 2 s head start; ranks 0 and 2 after the failing ranks' marks, made before their
+    # Python started (CI, 6e355b4: rank 3 came later, only rank 1 was named) or once their imports were done (CI,
+    # 3d247bd: the failing ranks then waited for rank 0's store in their calls, and only rank 1 was named); ranks 0
+    # and 2 starting Python only after the marks (CI, 05bf05d: rank 0's imports outlasted the others' deadline)
     rs, r = _srun_wrapped(cluster, 'if [ "$SLURM_PROCID" = 1 ] || [ "$SLURM_PROCID" = 3 ]; then '
-                                   'export LOCAL_RANK=7; else export GG_AFTER_MARKS=1,3; fi', n=4,
+                                   'export LOCAL_RANK=7; fi; '
+                                   'if [ "$SLURM_PROCID" != 0 ]; then export GG_AFTER_MARKS=0; fi', n=4,
                           GG_MARKS=str(tmp_path))
     assert len(rs) == 4, r.stdout + r.stderr
     for x in (rs[0], rs[2]):
