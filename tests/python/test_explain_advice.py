@@ -56,6 +56,39 @@ def test_on_a_host_showing_one_gpu_the_fix_is_not_set_device_local_rank():
     assert one(x.diagnoses(), "duplicate_gpu").fix.startswith("Give every rank its own GPU")
 
 
+# Two ranks on an H200's one GPU under torchrun with NCCL_DEBUG=WARN (NCCL 2.28.9, torch 2.11; the lent GPU machine,
+# 2026-11-28): NCCL's WARN line with its host:pid:tid prefix, then torch's error repeating NCCL's text without it.
+H200_LOG = """\
+[2026-11-28 05:45:20] vm:1346:1346 [0] init.cc:904 NCCL WARN Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60
+[2026-11-28 05:45:20] vm:1347:1347 [0] init.cc:904 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 60
+[rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, \
+invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9
+[rank0]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+[rank0]: Last error:
+[rank0]: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60
+[rank1]: Last error:
+[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 60
+"""
+
+
+def test_a_pair_printed_with_and_without_nccls_host_prefix_is_named_once():
+    # on the GPU machine explain named the pair twice ("ranks 0, 1 share 0000:00:06.0 on host vm; ranks 0, 1 share
+    # 0000:00:06.0"), listed the GPU twice and, the host unsure, gave the set_device(local_rank) fix
+    gpu = SimpleNamespace(index=0, uuid="GPU-82813277-b47e-9f55-f7bd-676cf6226fc2", pci_bus_id="0000:00:06.0")
+    x = LogExplainer(local_devices=[gpu], local_host="vm")
+    x.feed(H200_LOG)
+    d = one(x.diagnoses(), "duplicate_gpu")
+    assert d.summary == ("Two or more ranks of one NCCL communicator are on the same GPU: ranks 0, 1 share "
+                         "0000:00:06.0 on host vm."), d.summary
+    assert d.devices == (f"0000:00:06.0 (NCCL's 'CUDA device 60') = GPU 0 on this host ({gpu.uuid})",), d.devices
+    assert d.fix.startswith("This host shows 1 GPU"), d.fix
+    assert d.occurrences == 4
+    # a pair without a host that shares no rank with one read with a host may be another host's GPU: kept apart
+    other = "[rank2]: Duplicate GPU detected : rank 2 and rank 3 both on CUDA device 60\n"
+    d = one(explain(H200_LOG + other, match_local=False), "duplicate_gpu")
+    assert d.summary.endswith("ranks 0, 1 share 0000:00:06.0 on host vm; ranks 2, 3 share 0000:00:06.0."), d.summary
+
+
 # torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg), as printed by a
 # two-node job (the shape of the published summaries: "host : ...", "rank : 5 (local_rank: 5)", "exitcode : ...").
 TORCHRUN = """\

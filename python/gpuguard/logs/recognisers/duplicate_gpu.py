@@ -126,7 +126,7 @@ class DuplicateGpu(Recogniser):
         sharing: list[str] = []
         all_sets: list[list[int]] = []
         dup_numbers: dict[tuple[str, str], str] = group.facts.get("dup_numbers", {})
-        for (on, bus), uf in group.facts.get("dup_ranks", {}).items():
+        for (on, bus), uf in _hostless_folded(group.facts.get("dup_ranks", {})).items():
             sets: dict[int, list[int]] = {}
             for r in uf.parent:
                 sets.setdefault(uf.find(r), []).append(r)
@@ -164,6 +164,31 @@ class DuplicateGpu(Recogniser):
                          group.sorted_evidence(), group.occurrences)
 
 
+def _hostless_folded(dup_ranks: dict[tuple[str, str], _UnionFind]) -> dict[tuple[str, str], _UnionFind]:
+    """The pairs read without a host joined to those of the same bus id read with one, where they share a rank.
+    torch's error repeats NCCL's text after "Last error:" without NCCL's host:pid prefix, so with NCCL_DEBUG=WARN
+    a log holds each pair in both forms; a rank is on one host, so they are the same GPU, to be named once."""
+    folded: dict[tuple[str, str], _UnionFind] = {}
+    for key, uf in dup_ranks.items():  # copies: the facts stay as read
+        if key[0]:
+            folded[key] = _UnionFind()
+            folded[key].parent = dict(uf.parent)
+    for (on, bus), uf in dup_ranks.items():
+        if on:
+            continue
+        sets: dict[int, list[int]] = {}
+        for r in uf.parent:
+            sets.setdefault(uf.find(r), []).append(r)
+        for ranks in sets.values():
+            into = next((f for (f_on, f_bus), f in folded.items()
+                         if f_on and f_bus == bus and any(r in f.parent for r in ranks)), None)
+            if into is None:
+                into = folded.setdefault((on, bus), _UnionFind())
+            for r in ranks:
+                into.union(ranks[0], r)
+    return folded
+
+
 def _cause(sets: list[list[int]], ray: bool = False) -> str:
     base = ("NCCL found two ranks on one host whose GPUs have the same PCI bus id, so they share one GPU. ")
     if ray:
@@ -193,7 +218,7 @@ def _one_gpu_here(host: Host, group: Group) -> str:
     """The fix when the log was written on this host and it shows one GPU: there is no second GPU to move to."""
     if not host.match_local:
         return ""
-    hosts = {on for on, _ in group.facts.get("dup_ranks", {})}
+    hosts = {on for on, _ in _hostless_folded(group.facts.get("dup_ranks", {}))}
     local = host.log_is_local or (hosts and hosts <= {host.name()})
     devices = host.devices() if local else None
     if not devices or len(devices) != 1:
