@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,8 +115,6 @@ def test_a_healthy_ddp_loop_never_reports(real_env, tmp_path, report):
 def test_the_per_step_cost_of_watch(real_env, tmp_path, report):
     """watch() on a DDP step on NCCL, as benchmarks/bench_watch_cost.py measures it: steady state, start-up, the
     longest step and GIL gap, the recorder on and off (recorded, not asserted: shared machines are noisy)."""
-    from pathlib import Path
-
     out = tmp_path / "watch_cost.json"
     bench = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_watch_cost.py"
     proc = subprocess.run([sys.executable, str(bench), "--backend", "nccl", "--device", "cuda", "--ranks", "1",
