@@ -34,6 +34,27 @@ for path in sorted(pathlib.Path("tests/python/gpu").glob("test_gpu_*.py")):
             doc = ast.get_docstring(node) or ""
             alone = module_alone or any("gpu_alone" in ast.unparse(d) for d in node.decorator_list)
             print(f"    - {node.name}{' (alone)' if alone else ''}: {doc.splitlines()[0] if doc else ''}")
+
+# A name that the module never defines (a missing import) fails only when the test runs, so only on a GPU (the
+# lent machine's first run of test_the_per_step_cost_of_watch: "name 'subprocess' is not defined"): find them here.
+import builtins, symtable
+undefined = []
+for path in sorted(pathlib.Path("tests/python/gpu").glob("*.py")):
+    top = symtable.symtable(path.read_text(), str(path), "exec")
+    known = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()} | set(dir(builtins))
+    known |= {"__file__", "__name__", "__doc__", "__spec__", "__loader__", "__builtins__", "__annotations__"}
+    tables = list(top.get_children())
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for s in table.get_symbols():
+            if s.is_global() and s.is_referenced() and s.get_name() not in known:
+                undefined.append(f"{path}: '{s.get_name()}' in {table.get_name()} (line {table.get_lineno()})")
+if undefined:
+    print("gpu_acceptance: names the GPU suite uses but never defines or imports (they would fail on the GPU):")
+    print("\n".join(f"  {u}" for u in sorted(undefined)))
+    raise SystemExit(1)
+print("gpu_acceptance: every name the GPU suite's functions use is defined or imported")
 PYEOF
   # what each of the two runs would select must collect without an error, and select something
   for selection in "$SHARED" "$ALONE"; do
