@@ -21,12 +21,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -96,6 +98,7 @@ struct Comm {
   bool p2p_disabled = false;  // NCCL_P2P_DISABLE=1 at init, which is when NCCL reads it
   std::string bus_id;
   std::string uuid;
+  int cuda_dev = 0;  // the device's index in this process, as NCCL's "[N]" prints it
   unsigned long long host_hash = 0;
   std::shared_ptr<CommErrors> errors = std::make_shared<CommErrors>();
   int reduce_seq = 0;
@@ -113,6 +116,27 @@ void set_last_error(CommErrors* errors, const std::string& text) {
   if (errors != nullptr) errors->last_error = text;
 }
 void set_error(Comm* comm, const std::string& text) { set_last_error(comm->errors.get(), text); }
+
+// With NCCL_DEBUG=WARN (or INFO, TRACE), NCCL prints a WARN line on stdout as well as keeping the last error, in
+// src/debug.cc's form: "[date time] host:pid:tid [cudaDev] file:line NCCL WARN text" (the timestamp since 2.23;
+// the host up to its first '.'). torch's error then repeats the text after "Last error:", without the prefix.
+void nccl_warn(const Comm& c, const char* where, const std::string& text) {
+  const char* level = std::getenv("NCCL_DEBUG");
+  std::string upper;
+  for (const char* p = level; p != nullptr && *p != '\0'; ++p) upper += static_cast<char>(std::toupper(*p));
+  if (upper != "WARN" && upper != "INFO" && upper != "TRACE") return;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  if (char* dot = std::strchr(host, '.')) *dot = '\0';
+  char stamp[32] = {0};
+  std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &local);
+  std::printf("[%s] %s:%d:%ld [%d] %s NCCL WARN %s\n", stamp, host, static_cast<int>(getpid()),
+              static_cast<long>(gettid()), c.cuda_dev, where, text.c_str());
+  std::fflush(stdout);
+}
 
 std::string base_dir() {
   const char* env = std::getenv("GPUGUARD_FAKE_NCCL_DIR");
@@ -169,7 +193,7 @@ void* driver_library(std::string& why) {
 }
 
 // The device of the current context, asked of the fake driver as real NCCL asks the CUDA runtime.
-bool current_device(std::string& uuid, std::string& bus_id, std::string& why) {
+bool current_device(std::string& uuid, std::string& bus_id, int& index, std::string& why) {
   void* lib = driver_library(why);
   if (lib == nullptr) return false;
   using GetDevice = int (*)(int*);
@@ -195,6 +219,7 @@ bool current_device(std::string& uuid, std::string& bus_id, std::string& why) {
                 raw[13], raw[14], raw[15]);
   uuid = text;
   bus_id = bus;
+  index = device;
   return true;
 }
 
@@ -222,8 +247,10 @@ void progress_init(Comm& c) {
     std::istringstream first(peers[0]);
     std::string uuid0, bus0;
     first >> uuid0 >> bus0;
-    set_error(&c, "Duplicate GPU detected : rank " + std::to_string(c.rank) + " and rank " + std::to_string(1 - c.rank) +
-                      " both on CUDA device " + bus_id_number(bus0));
+    std::string text = "Duplicate GPU detected : rank " + std::to_string(c.rank) + " and rank " +
+                       std::to_string(1 - c.rank) + " both on CUDA device " + bus_id_number(bus0);
+    nccl_warn(c, "init.cc:904", text);
+    set_error(&c, text);
     c.state = ncclInvalidUsage;
     return;
   }
@@ -235,8 +262,10 @@ void progress_init(Comm& c) {
     in >> uuid >> bus >> hash;
     // NCCL compares host hash and bus id (not the UUID), exactly so.
     if (hash == c.host_hash && bus == c.bus_id) {
-      set_error(&c, "Duplicate GPU detected : rank " + std::to_string(c.rank) + " and rank " + std::to_string(r) +
-                        " both on CUDA device " + bus_id_number(c.bus_id));
+      std::string text = "Duplicate GPU detected : rank " + std::to_string(c.rank) + " and rank " + std::to_string(r) +
+                         " both on CUDA device " + bus_id_number(c.bus_id);
+      nccl_warn(c, "init.cc:904", text);
+      set_error(&c, text);
       c.state = ncclInvalidUsage;
       return;
     }
@@ -397,7 +426,7 @@ __attribute__((visibility("default"))) int ncclCommInitRankConfig(Comm** out, in
   c->p2p_disabled = p2p != nullptr && std::string(p2p) == "1";
   c->host_hash = host_hash();
   std::string why;
-  if (!current_device(c->uuid, c->bus_id, why)) {
+  if (!current_device(c->uuid, c->bus_id, c->cuda_dev, why)) {
     set_error(c, why);
     delete c;
     return ncclUnhandledCudaError;

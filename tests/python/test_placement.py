@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from gg_testing.procs import wait_until
 
 from gpuguard import DuplicateDeviceError, GpuGuardError, RankMappingError, RendezvousTimeoutError
 from gpuguard.deadline import Deadline
+from gpuguard.logs import explain
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
 from gpuguard.placement.stores import ABANDON_AFTER_S, _Caller, tcp_client
@@ -625,11 +627,16 @@ write_result(result)
 """
 
 
-def torchrun(fake_gpus, tmp_path, topology: str, nproc: int, mode: str, **env: str) -> list[dict[str, Any]]:
+def torchrun_job(fake_gpus, tmp_path, topology: str, nproc: int, mode: str, **env: str) -> launch.Finished:
     script = write(tmp_path, "worker.py", TORCHRUN_WORKER)
     full_env = scrubbed(fake_gpus.env(topology, GPUGUARD_FAKE_NCCL_DIR=str(tmp_path / "nccl"), **env))
     job = launch.torchrun(str(script), mode, nproc=nproc, env=full_env, workdir=tmp_path)
     assert job.returncode == 0, job.stderr[-4000:]
+    return job
+
+
+def torchrun(fake_gpus, tmp_path, topology: str, nproc: int, mode: str, **env: str) -> list[dict[str, Any]]:
+    job = torchrun_job(fake_gpus, tmp_path, topology, nproc, mode, **env)
     return [job.ranks[r] for r in sorted(job.ranks)]
 
 
@@ -650,9 +657,10 @@ def test_torchrun_two_processes_on_a_one_gpu_host_every_rank_raises(fake_gpus, t
 
 @pytest.mark.slow
 def test_torchrun_four_ranks_pass_before_and_after_init_and_verify_nccl(fake_gpus, tmp_path):
-    ranks = torchrun(fake_gpus, tmp_path, "h100x4", 4, "sequence",
-                     DUPLICATE_TOPOLOGY=str(TOPOLOGIES / "h100x4_nccl_duplicate.json"),
-                     HANG_TOPOLOGY=str(TOPOLOGIES / "h100x4_nccl_hang.json"))
+    job = torchrun_job(fake_gpus, tmp_path, "h100x4", 4, "sequence", NCCL_DEBUG="WARN",
+                       DUPLICATE_TOPOLOGY=str(TOPOLOGIES / "h100x4_nccl_duplicate.json"),
+                       HANG_TOPOLOGY=str(TOPOLOGIES / "h100x4_nccl_hang.json"))
+    ranks = [job.ranks[r] for r in sorted(job.ranks)]
     assert len(ranks) == 4
     for r in ranks:
         assert "ok" in r["before_init"], r["before_init"]
@@ -663,6 +671,14 @@ def test_torchrun_four_ranks_pass_before_and_after_init_and_verify_nccl(fake_gpu
     assert len({d["message"] for d in duplicate}) == 1
     assert "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 18000" in duplicate[0]["message"]
     assert "2 of 4 ranks failed" in duplicate[0]["message"]
+    # NCCL_DEBUG=WARN: NCCL's own WARN line (the fake prints it as NCCL 2.28 did on the lent H200), which explain
+    # reads as the pair on this host's GPU, once
+    host = socket.gethostname().split(".")[0]
+    warns = [line for line in job.output.splitlines() if " NCCL WARN Duplicate GPU detected : rank " in line]
+    assert len(warns) == 2 and all(re.match(rf"^\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\] {re.escape(host)}:\d+:\d+ \[\d\] "
+                                            r"init\.cc:904 NCCL WARN ", w) for w in warns), job.tail()
+    summary = explain("\n".join(warns), match_local=False)[0].summary
+    assert summary.endswith(f": ranks 0, 1 share 0000:18:00.0 on host {host}."), summary
     hang = [r["nccl_hang"] for r in ranks]
     assert {h["error"] for h in hang} == {"RendezvousTimeoutError"}
     assert "NCCL did not form a communicator for group 'nccl_hang' within 2 s on 4 of 4 ranks; gpuguard " \
