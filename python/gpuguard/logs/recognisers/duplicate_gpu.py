@@ -167,11 +167,12 @@ class DuplicateGpu(Recogniser):
 def _hostless_folded(dup_ranks: dict[tuple[str, str], _UnionFind]) -> dict[tuple[str, str], _UnionFind]:
     """The pairs read without a host joined to those of the same bus id read with one, where they share a rank.
     torch's error repeats NCCL's text after "Last error:" without NCCL's host:pid prefix, so with NCCL_DEBUG=WARN
-    a log holds each pair in both forms; a rank is on one host, so they are the same GPU, to be named once."""
+    a log holds each pair in both forms; a rank is on one host, so they are the same GPU, to be named once. The
+    order stays the log's."""
     folded: dict[tuple[str, str], _UnionFind] = {}
-    for key, uf in dup_ranks.items():  # copies: the facts stay as read
+    for key, uf in dup_ranks.items():  # copies, in the log's order: the facts stay as read
+        folded[key] = _UnionFind()
         if key[0]:
-            folded[key] = _UnionFind()
             folded[key].parent = dict(uf.parent)
     for (on, bus), uf in dup_ranks.items():
         if on:
@@ -181,12 +182,11 @@ def _hostless_folded(dup_ranks: dict[tuple[str, str], _UnionFind]) -> dict[tuple
             sets.setdefault(uf.find(r), []).append(r)
         for ranks in sets.values():
             into = next((f for (f_on, f_bus), f in folded.items()
-                         if f_on and f_bus == bus and any(r in f.parent for r in ranks)), None)
-            if into is None:
-                into = folded.setdefault((on, bus), _UnionFind())
+                         if f_on and f_bus == bus and any(r in f.parent for r in ranks)), folded[(on, bus)])
             for r in ranks:
                 into.union(ranks[0], r)
-    return folded
+    # a pair without a host goes only where all its ranks went elsewhere (one whose ranks were unreadable stays)
+    return {key: uf for key, uf in folded.items() if key[0] or uf.parent or not dup_ranks[key].parent}
 
 
 def _cause(sets: list[list[int]], ray: bool = False) -> str:
