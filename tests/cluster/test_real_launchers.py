@@ -20,10 +20,16 @@ def _uuids(rs):
     return {r["uuid"] for r in rs}
 
 
+def _said(rs):
+    """Each rank's outcome in full, for an assertion's message (pytest cuts a list of dicts to a line)."""
+    return "\n".join(f"rank {r.get('rank')} on {r.get('host')}: {r.get('error', 'ok')} after {r.get('call_seconds')} s "
+                     f"in the call, {r.get('seconds')} s in all: {r.get('message', '')[:600]}" for r in rs)
+
+
 def _ok(rs, n):
-    assert len(rs) == n, rs
+    assert len(rs) == n, _said(rs)
     bad = [r for r in rs if not r["ok"]]
-    assert not bad, bad
+    assert not bad, _said(bad)
     assert [r["rank"] for r in rs] == list(range(n))
     assert len(_uuids(rs)) == n  # every rank on its own GPU (UUIDs differ across nodes too)
 
@@ -176,7 +182,7 @@ def test_a_broken_launch_environment_on_one_rank_stops_every_rank_at_once(cluste
     assert [x["rank"] for x in rs] == [0, 1, 2], r.stdout + r.stderr
     assert rs[1]["error"] == "LaunchEnvironmentError" and "LOCAL_RANK=5" in rs[1]["message"], rs[1]
     for x in (rs[0], rs[2]):
-        assert x["error"] == "LaunchEnvironmentError", x
+        assert x["error"] == "LaunchEnvironmentError", _said(rs)
         assert "rank 1 (host gg1" in x["message"] and "LOCAL_RANK=5" in x["message"], x["message"]
         assert "did not reach" not in x["message"] and "could not reach" not in x["message"], x["message"]
         assert x["call_seconds"] < 25, x  # at once, not at the deadline
@@ -202,7 +208,7 @@ def test_several_failed_ranks_are_all_named(cluster, tmp_path):
                           GG_MARKS=str(tmp_path))
     assert len(rs) == 4, r.stdout + r.stderr
     for x in (rs[0], rs[2]):
-        assert x["error"] == "LaunchEnvironmentError", x
+        assert x["error"] == "LaunchEnvironmentError", _said(rs)
         assert "2 ranks failed (1, 3)" in x["message"], x["message"]
         assert "LOCAL_RANK=7" in x["message"]
     assert "ranks 3 failed too" in rs[1]["message"] or "ranks 1 failed too" in rs[3]["message"], rs
@@ -217,6 +223,6 @@ def test_the_store_owner_waits_for_a_rank_that_starts_late(cluster):
     assert [x["rank"] for x in rs] == [0, 1, 2], r.stdout + r.stderr
     assert rs[1]["error"] == "LaunchEnvironmentError" and "CUDA_VISIBLE_DEVICES='0,0'" in rs[1]["message"]
     for x in (rs[0], rs[2]):
-        assert x["error"] == "LaunchEnvironmentError", x
+        assert x["error"] == "LaunchEnvironmentError", _said(rs)
         assert "rank 1 (host gg1" in x["message"] and "CUDA_VISIBLE_DEVICES='0,0'" in x["message"], x
     assert "could not reach" not in rs[2]["message"]
