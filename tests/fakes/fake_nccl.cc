@@ -232,6 +232,16 @@ std::string bus_id_number(const std::string& bus) {
   return out;
 }
 
+// Init fails as NCCL <= 2.29's does for two ranks on one GPU (src/init.cc): its WARN line, then ncclInvalidUsage
+// with the same text as the last error.
+void fail_as_duplicate(Comm& c, int other, const std::string& bus) {
+  std::string text = "Duplicate GPU detected : rank " + std::to_string(c.rank) + " and rank " + std::to_string(other) +
+                     " both on CUDA device " + bus_id_number(bus);
+  nccl_warn(c, "init.cc:904", text);
+  set_error(&c, text);
+  c.state = ncclInvalidUsage;
+}
+
 std::string peer_path(const Comm& c, int rank) { return c.dir + "/peer." + std::to_string(rank); }
 std::string reduce_path(const std::string& dir, int seq, int rank) {
   return dir + "/allreduce" + std::to_string(seq) + "." + std::to_string(rank);
@@ -247,11 +257,7 @@ void progress_init(Comm& c) {
     std::istringstream first(peers[0]);
     std::string uuid0, bus0;
     first >> uuid0 >> bus0;
-    std::string text = "Duplicate GPU detected : rank " + std::to_string(c.rank) + " and rank " +
-                       std::to_string(1 - c.rank) + " both on CUDA device " + bus_id_number(bus0);
-    nccl_warn(c, "init.cc:904", text);
-    set_error(&c, text);
-    c.state = ncclInvalidUsage;
+    fail_as_duplicate(c, 1 - c.rank, bus0);
     return;
   }
   for (int r = 0; r < c.nranks; ++r) {
@@ -262,11 +268,7 @@ void progress_init(Comm& c) {
     in >> uuid >> bus >> hash;
     // NCCL compares host hash and bus id (not the UUID), exactly so.
     if (hash == c.host_hash && bus == c.bus_id) {
-      std::string text = "Duplicate GPU detected : rank " + std::to_string(c.rank) + " and rank " + std::to_string(r) +
-                         " both on CUDA device " + bus_id_number(c.bus_id);
-      nccl_warn(c, "init.cc:904", text);
-      set_error(&c, text);
-      c.state = ncclInvalidUsage;
+      fail_as_duplicate(c, r, c.bus_id);
       return;
     }
   }
