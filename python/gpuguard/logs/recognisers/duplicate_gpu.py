@@ -126,7 +126,8 @@ class DuplicateGpu(Recogniser):
         sharing: list[str] = []
         all_sets: list[list[int]] = []
         dup_numbers: dict[tuple[str, str], str] = group.facts.get("dup_numbers", {})
-        for (on, bus), uf in _hostless_folded(group.facts.get("dup_ranks", {})).items():
+        folded = _hostless_folded(group.facts.get("dup_ranks", {}))
+        for (on, bus), uf in folded.items():
             sets: dict[int, list[int]] = {}
             for r in uf.parent:
                 sets.setdefault(uf.find(r), []).append(r)
@@ -151,7 +152,7 @@ class DuplicateGpu(Recogniser):
             summary = ("Two or more ranks of one NCCL communicator are on the same GPU or MIG partition" + who +
                        ". NCCL 2.30 and later do not say which ranks or which GPU.")
         cause = _cause(all_sets, group.facts.get("ray", False))
-        one_gpu_here = _one_gpu_here(host, group)
+        one_gpu_here = _one_gpu_here(host, {on for on, _ in folded})
         fix = one_gpu_here or ("Give every rank its own GPU: call torch.cuda.set_device(local_rank) (LOCAL_RANK from the launcher) "
                "before init_process_group, or use gpuguard.init_process_group(), which binds each rank to its GPU "
                "and stops every rank with one report naming all ranks per device before NCCL starts. Start no more "
@@ -214,11 +215,11 @@ def _cause(sets: list[list[int]], ray: bool = False) -> str:
                    "CUDA_VISIBLE_DEVICES for every rank.")
 
 
-def _one_gpu_here(host: Host, group: Group) -> str:
-    """The fix when the log was written on this host and it shows one GPU: there is no second GPU to move to."""
+def _one_gpu_here(host: Host, hosts: set[str]) -> str:
+    """The fix when the log was written on this host and it shows one GPU: there is no second GPU to move to.
+    ``hosts``: the hosts the pairs were read on ('' for a pair without one)."""
     if not host.match_local:
         return ""
-    hosts = {on for on, _ in _hostless_folded(group.facts.get("dup_ranks", {}))}
     local = host.log_is_local or (hosts and hosts <= {host.name()})
     devices = host.devices() if local else None
     if not devices or len(devices) != 1:
