@@ -33,7 +33,7 @@ from gpuguard.deadline import Deadline
 from gpuguard.logs import explain
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
-from gpuguard.placement.stores import ABANDON_AFTER_S, _Caller, tcp_client
+from gpuguard.placement.stores import ABANDON_AFTER_S, CheckedStore, _Caller, tcp_client
 
 
 @pytest.fixture
@@ -481,6 +481,20 @@ def test_every_store_call_keeps_to_the_deadline_whatever_the_stores_own_timeout(
     assert verdict.kind == "timeout"
     assert verdict.message.startswith("rank 0 of group 'default' did not reach gpuguard's placement check within 3 s")
     assert slow_store.timeout == datetime.timedelta(seconds=24)
+
+
+def test_a_wait_that_outlasts_the_deadline_is_answered_not_raised(master):
+    """The end of a wait for a key nobody wrote, with no time left of the deadline for its last look: no key
+    (the caller then names the rank that never came), not StoreDeadlineError. CI of 054b1f9: rank 4 waited for
+    ``lead`` while rank 0, serving the store, was still importing torch, and ended in "no time was left of the
+    deadline for store.check(...)"."""
+    store = CheckedStore(client(master), "last-look", Deadline(1.0))
+    started = time.monotonic()
+    assert store.wait_get("lead", 5.0) is None
+    assert not store.wait_for("lead", 5.0)
+    assert time.monotonic() - started < 1.0 + 2 * ABANDON_AFTER_S
+    master.set("last-look/lead", b"epoch")  # a key that is there is still found, while time is left
+    assert CheckedStore(client(master), "last-look", Deadline(5.0)).wait_get("lead", 5.0) == b"epoch"
 
 
 def test_colocated_groups_pass_and_keep_to_their_own_keys(master):
