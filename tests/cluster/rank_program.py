@@ -3,12 +3,14 @@
     rank_program.py init   gpuguard.init_process_group("gloo") (the env:// store, rank 0 serving it), up to
                            torch's own init, replaced by one more meeting through that store
     rank_program.py bind   gpuguard.bind() (the torchrun agent store)
-GG_TIMEOUT bounds the call (default 40 s). With GG_RESULTS (a folder) the line goes to a file there instead. With
-GG_MARKS (a folder) the rank makes a file named by its rank there once it is about to call gpuguard (its imports
-done); with GG_AFTER_MARKS (ranks, "1,3") too, it first waits up to 120 s for those ranks' files, so that a test's
-ranks call gpuguard in the order it needs while all of them import at once. The line gives the seconds since the
-program started (``seconds``), those of the gpuguard call alone (``call_seconds``) and when it ended (``ended``,
-seconds since the epoch).
+GG_TIMEOUT bounds the call (default 120 s: the ranks of one job start far apart here, where importing torch beside
+CI's other lane took 49 s on one node and 10 s on the other, and the deadline is not what these tests are about;
+those that are set their own, and a passing call never waits it out). With GG_RESULTS (a folder) the line goes to
+a file there instead. With GG_MARKS (a folder) the rank makes a file named by its rank there once it is about to
+call gpuguard (its imports done); with GG_AFTER_MARKS (ranks, "1,3") too, it first waits up to 120 s for those
+ranks' files, so that a test's ranks call gpuguard in the order it needs while all of them import at once. The line
+gives the seconds since the program started (``seconds``), those of the gpuguard call alone (``call_seconds``) and
+when it ended (``ended``, seconds since the epoch).
 """
 
 import json
@@ -46,7 +48,7 @@ def about_to_call():
 
 call_started = None
 mode = sys.argv[1] if len(sys.argv) > 1 else "init"
-timeout = float(os.environ.get("GG_TIMEOUT", "40"))
+timeout = float(os.environ.get("GG_TIMEOUT", "120"))
 out = {"host": socket.gethostname(), "pid": os.getpid()}
 try:
     if mode == "init":
