@@ -128,6 +128,18 @@ def until_a_driver_joins(hold_s: float = HOLD_S, wait_s: float = WAIT_S) -> Iter
         release_once()
 
 
+#: Ray's exception when its node did not come up within its driver's fixed start-up wait (ray/_private/node.py:
+#: 30 s for the raylet to register, "Failed to get node info b'RPC error: Deadline Exceeded'" before it), which a
+#: loaded 2-core machine overran twice in CI (374603f, 054b1f9) before any gpuguard code ran.
+RAY_START_TIMED_OUT = "The current node timed out during startup."
+
+
+def ray_start_timed_out(returncode: int, output: str) -> bool:
+    """Whether a driver script that starts its own cluster (ray.init()) failed only because Ray's start did: then
+    the test starts it once more, and any other failure, or a second one, still fails it."""
+    return returncode != 0 and RAY_START_TIMED_OUT in output
+
+
 def workers_at_the_tests_priority(environ: "os._Environ[str]" = os.environ) -> None:
     """Ray workers at the priority of the process that started their cluster (the variable Ray reads; a test run
     that sets it otherwise keeps its own)."""

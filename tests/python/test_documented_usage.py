@@ -21,6 +21,7 @@ from gg_testing.env import scrubbed
 from gg_testing.paths import ROOT
 from gg_testing.procs import run_logged
 from gg_testing.ray_head import RayHead
+from gg_testing.ray_start import ray_start_timed_out, until_a_driver_joins
 from documented_usage import (DOCUMENTS, PYTHON, README, Block, Setup, command_shim, documented_blocks, file_blocks,
                               gpu_setup_for, install_lines, write_program)
 
@@ -97,10 +98,6 @@ def example_run(name: str, args: tuple[str, ...]):
     return pytest.param(name, args, marks=marks, id=" ".join((name,) + args))
 
 
-# Ray's exception when its node did not come up within its fixed start-up wait (ray/_private/node.py)
-RAY_START_TIMED_OUT = "The current node timed out during startup."
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name,args", [example_run(*key) for key in EXAMPLE_RUNS])
 def test_example_runs_as_its_docstring_says(name, args, fakes_dir):
@@ -110,11 +107,9 @@ def test_example_runs_as_its_docstring_says(name, args, fakes_dir):
         command = command.replace(FAKE_DRIVER_IN_DOCSTRINGS, str(fakes_dir))
     command = " ".join([command, *map(shlex.quote, args)])
     proc = run_logged(["bash", "-c", command], example_env(), timeout=500, cwd=str(ROOT))
-    if proc.returncode != 0 and RAY_START_TIMED_OUT in proc.stdout:
-        # Ray's own start, before any gpuguard code: its driver waits a fixed 30 s for the raylet to register
-        # (ray/_private/node.py, raylet_start_wait_time_s), which a loaded 2-core machine once overran (CI of
-        # 374603f, "RPC error: Deadline Exceeded"). Started once more, the example must pass as documented
-        proc = run_logged(["bash", "-c", command], example_env(), timeout=500, cwd=str(ROOT))
+    if ray_start_timed_out(proc.returncode, proc.stdout):  # Ray's own start, before any gpuguard code
+        with until_a_driver_joins():
+            proc = run_logged(["bash", "-c", command], example_env(), timeout=500, cwd=str(ROOT))
     assert proc.returncode == 0, f"$ {command}\n{proc.stdout[-6000:]}"
     for text in EXAMPLE_RUNS[(name, args)]:
         assert text in proc.stdout, f"$ {command}\nmissing {text!r} in:\n{proc.stdout[-6000:]}"
