@@ -72,9 +72,14 @@ class Job:
         return out
 
     def wait_for_reports(self, ranks: set[int], timeout: float = 150) -> dict[int, dict]:
+        """Waits for each of `ranks` to report the scenario's stall, then releases the stuck rank. A "rank_slow"
+        report is the loaded machine's, not the scenario's (no scenario stages one): a rank that got no CPU for the
+        threshold while a peer completed the collective, reported truthfully; the scenario's report comes later
+        and replaces it in the rank's file, so the wait goes on for that."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            got = self.reports()
+            got = {rank: report for rank, report in self.reports().items()
+                   if report["gpuguard_stall"]["kind"] != "rank_slow"}
             if ranks <= set(got) or all(p.poll() is not None for p in self.procs):
                 break
             time.sleep(0.5)
@@ -130,11 +135,14 @@ def check_on_every_rank(job: Job, output: str, ranks: set[int], kind: str, *need
     reports = job.reports()
     assert ranks <= set(reports), output[-6000:]
     for rank in ranks:
-        printed = rank_reports(output, rank)
-        assert printed, f"rank {rank} printed no report:\n{output[-6000:]}"
-        for needle in needles:
-            assert needle in printed[0], f"rank {rank}: {needle!r} not in:\n{printed[0]}"
         stall = reports[rank]["gpuguard_stall"]
+        # the printed report of the stall in the rank's file (its last): a loaded machine's "rank_slow" report of
+        # an earlier collective may come first (Job.wait_for_reports)
+        first_line = f"[rank {rank}] " + stall["message"].splitlines()[0]
+        printed = [text for text in rank_reports(output, rank) if text.splitlines()[0] == first_line]
+        assert printed, f"rank {rank} did not print the report in its file ({first_line!r}):\n{output[-6000:]}"
+        for needle in needles:
+            assert needle in printed[-1], f"rank {rank}: {needle!r} not in:\n{printed[-1]}"
         assert stall["kind"] == kind
         assert stall["group"] == "default_pg" and stall["group_ranks"] == [0, 1, 2, 3]
     messages = {reports[r]["gpuguard_stall"]["message"] for r in ranks}
