@@ -72,16 +72,32 @@ class Job:
         return out
 
     def wait_for_reports(self, ranks: set[int], timeout: float = 150) -> dict[int, dict]:
-        """Waits for each of `ranks` to report the scenario's stall, then releases the stuck rank. A "rank_slow"
-        report is the loaded machine's, not the scenario's (no scenario stages one): a rank that got no CPU for the
-        threshold while a peer completed the collective, reported truthfully; the scenario's report comes later
-        and replaces it in the rank's file, so the wait goes on for that."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = {rank: report for rank, report in self.reports().items()
-                   if report["gpuguard_stall"]["kind"] != "rank_slow"}
-            if ranks <= set(got) or all(p.poll() is not None for p in self.procs):
-                break
+        """Waits for each of `ranks` to report the scenario's stall, then releases the stuck rank; fails, naming
+        what came, when they have not within `timeout` s of this call, nor within REPORT_WITHIN + 30 s of the
+        stall's start (its mark): the job's start (torchrun, four ranks importing torch beside CI's other lane) is
+        not the subject, and a release before the reports would make them describe a job that moved on. A
+        "rank_slow" report is the loaded machine's, not the scenario's (no scenario stages one): a rank that got
+        no CPU for the threshold while a peer completed the collective, reported truthfully; the scenario's report
+        comes later and replaces it in the rank's file, so the wait goes on for that."""
+        called = time.monotonic()
+
+        def scenario_reports() -> dict[int, dict]:
+            return {rank: report for rank, report in self.reports().items()
+                    if report["gpuguard_stall"]["kind"] != "rank_slow"}
+
+        def out_of_time() -> bool:
+            marks = list(self.dir.glob("stall_start*"))
+            # no mark yet (a scenario that marks none, or a job still starting): the call's timeout alone
+            since_stall = time.time() - min(float(m.read_text() or "inf") for m in marks) if marks else float("inf")
+            return time.monotonic() - called > timeout and since_stall > REPORT_WITHIN + 30
+
+        while not (ranks <= set(scenario_reports()) or all(p.poll() is not None for p in self.procs)):
+            if out_of_time():
+                kinds = {rank: r["gpuguard_stall"]["kind"] for rank, r in self.reports().items()}
+                self.release()
+                pytest.fail(f"ranks {sorted(ranks)} had not all reported the scenario's stall "
+                            f"{time.monotonic() - called:.0f} s after the job started (reports so far, by rank: "
+                            f"{kinds}):\n{self.output()[-6000:]}")
             time.sleep(0.5)
         # a rank writes its report's file, then prints the report in one write that ends with the file's JSON:
         # once every file's JSON is in the output, so is every report (bounded: the assertions say what is missing)
@@ -148,6 +164,45 @@ def check_on_every_rank(job: Job, output: str, ranks: set[int], kind: str, *need
     messages = {reports[r]["gpuguard_stall"]["message"] for r in ranks}
     assert len(messages) == 1, "every rank must print the same report"
     return reports
+
+
+# A rank as watch() leaves it on a loaded machine: a truthful rank_slow report of an earlier collective, then the
+# scenario's report, each written to its file and printed, then its hold, until the test's SIGUSR1.
+TWO_REPORTS = """
+import json, os, signal, sys, time
+out = sys.argv[1]
+signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))
+with open(os.path.join(out, "hold.pid"), "w") as f:
+    f.write(str(os.getpid()))
+path = os.path.join(out, f"gpuguard-stall-rank0-pid{os.getpid()}.json")
+for kind, message in (("rank_slow", "gpuguard: collective stall: every rank entered ALL_REDUCE #3 on group "
+                                    "'default_pg' (ranks 0-3); rank 3 completed it, but ranks 0, 1, 2 have not"),
+                      ("rank_behind", "gpuguard: collective stall: rank 2 never entered ALL_REDUCE #5 on group "
+                                      "'default_pg' (ranks 0-3)\\n  the stack")):
+    report = json.dumps({"gpuguard_stall": {"kind": kind, "message": message, "group": "default_pg",
+                                            "group_ranks": [0, 1, 2, 3]}})
+    with open(path, "w") as f:
+        f.write(report + "\\n")
+    print(f"[rank 0] {message}\\n[rank 0] gpuguard: the report as JSON: {path}\\n{report}", flush=True)
+    time.sleep(1.5)
+time.sleep(60)
+"""
+
+
+def test_the_helpers_wait_past_a_loaded_machines_rank_slow_report_for_the_scenarios(tmp_path):
+    """CI of 054b1f9: a rank printed a rank_slow report of an earlier collective before the scenario's, and the
+    check read the first printed report as the scenario's."""
+    job = Job.__new__(Job)
+    job.dir = tmp_path / "reports"
+    job.dir.mkdir()
+    job.jobs = [launch.Job([sys.executable, "-c", TWO_REPORTS, str(job.dir)], scrubbed({}), tmp_path,
+                           merge_output=True)]
+    job.procs = [j.proc for j in job.jobs]
+    assert job.wait_for_reports({0}, timeout=30)[0]["gpuguard_stall"]["kind"] == "rank_behind"
+    output = job.end(timeout=30)
+    assert job.procs[0].returncode == 0, output  # released once the scenario's report came
+    assert len(rank_reports(output, 0)) == 2
+    check_on_every_rank(job, output, {0}, "rank_behind", "rank 2 never entered ALL_REDUCE #5", "the stack")
 
 
 def assert_reported_in_time(job: Job, ranks) -> None:
