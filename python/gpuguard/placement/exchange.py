@@ -342,7 +342,8 @@ def _timeout_verdict(store: CheckedStore, me: RankIdentity, timeout: float) -> V
     if absent.unexamined:
         details["unexamined"] = absent.unexamined
     still = (" A rank that never arrived exited, crashed or hangs before gpuguard.bind() (its own log says why), "
-             "or was never started (check the launcher's process count)." if never else "")
+             "was never started (check the launcher's process count), or "
+             f"{_started_late(timeout, 'the others')}." if never else "")
     silent_who = [_who(store, r) for r in silent[:MAX_NAMED_SILENT]]
     if not never and not silent and not absent.unexamined:
         # every rank arrived and finished its part: the leader, who writes the verdict, went silent after that
@@ -388,14 +389,22 @@ def _timeout_verdict(store: CheckedStore, me: RankIdentity, timeout: float) -> V
     return Verdict("timeout", f"{head}{still} Every other rank stops here instead of hanging in NCCL.", details)
 
 
+def _started_late(timeout: float, than: str) -> str:
+    """The cause no log shows: ranks that start further apart than the deadline (CI of 054b1f9: four ranks
+    importing torch at once on a loaded node came 39 s after the fifth, whose check had 40 s)."""
+    return (f"started more than {timeout:g} s after {than} (importing torch on a loaded node can take that long: "
+            f"then give the check a longer deadline: bind(timeout=), init_process_group(bind_timeout=), `gpuguard "
+            f"check --timeout`, or GPUGUARD_TIMEOUT under `gpuguard run` and GPUGUARD=1)")
+
+
 def _no_leader_verdict(me: RankIdentity, timeout: float) -> Verdict:
     return Verdict(
         "timeout",
         f"rank {LEADER} of group '{me.group}' did not reach gpuguard's placement check within {timeout:g} s "
         f"(every check of a group begins when its rank {LEADER} opens it, so no other missing rank can be named "
         f"before it does). Rank {LEADER} exited, crashed or hangs before gpuguard.bind() (its own log says why), "
-        f"or was never started (check the launcher's process count); every other rank stops here instead of "
-        f"hanging in NCCL.",
+        f"was never started (check the launcher's process count), or {_started_late(timeout, 'this rank')}; "
+        f"every other rank stops here instead of hanging in NCCL.",
         {"missing_ranks": [LEADER], "never_arrived": [LEADER], "silent_ranks": [], "world_size": me.world_size,
          "timeout": timeout})
 
