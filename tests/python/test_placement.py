@@ -498,6 +498,7 @@ def test_a_wait_that_outlasts_the_deadline_is_answered_not_raised(master):
     started = time.monotonic()
     assert store.wait_get("lead", 5.0) is None
     assert not store.wait_for("lead", 5.0)
+    assert not store.wait_for("lead", 0.0)  # a wait of no length is its last look alone
     assert time.monotonic() - started < 1.0 + 2 * ABANDON_AFTER_S
     master.set("last-look/lead", b"epoch")  # a key that is there is still found, while time is left
     assert CheckedStore(client(master), "last-look", Deadline(5.0)).wait_get("lead", 5.0) == b"epoch"

@@ -313,7 +313,7 @@ class CheckedStore:
         """True when the key exists within ``seconds`` (and the deadline); False on timeout. Other store failures
         raise."""
         if seconds <= 0:
-            return self.has(relative)
+            return self._last_look(relative)
         key = self.key(relative)
         got = self._call("wait", relative, lambda: self.raw.wait([key], datetime.timedelta(seconds=seconds)),
                          within=seconds, timeout_is_an_answer=True)
