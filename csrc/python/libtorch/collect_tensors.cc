@@ -63,6 +63,19 @@ bool is_tensor(PyObject* obj) {
 
 const at::Tensor& unpack(PyObject* obj) { return THPVariable_Unpack(obj); }
 
+// The addresses the per-forward loops read, for prefetching exactly those cache lines: a tensor object's
+// TensorImpl pointer (the end of THPVariable::cdata), a TensorImpl's device (c10 keeps device_opt_ protected,
+// so a derived class names it; device() reads it and the policy bits beside it, some 170 bytes into the
+// object, two or three cache lines past its start), and a dict's version tag.
+struct TensorImplFields : c10::TensorImpl {
+  static const void* device_of(const c10::TensorImpl* impl) { return &(impl->*(&TensorImplFields::device_opt_)); }
+};
+
+const void* impl_pointer_of(PyObject* tensor) {
+  const auto& cdata = reinterpret_cast<const THPVariable*>(tensor)->cdata;
+  return reinterpret_cast<const char*>(&cdata) + sizeof(cdata) - 1;
+}
+
 // The walks recurse once per level of nesting. A level costs a few hundred bytes of C stack, so a structure
 // nested tens of thousands deep (a list in a list in a list ..., a submodule chain) would overflow it and kill
 // the process; past this depth the walk stops with a ValueError instead. CPython itself stops Python code at
@@ -388,10 +401,18 @@ bool ModuleSnapshot::valid_for(PyObject* module) const {
   if (!root_ref_ || PyWeakref_GET_OBJECT(root_ref_) != module) return false;
 #if PY_VERSION_HEX < 0x030C0000
   if (registration_epoch_ != g_registration_epoch) return false;
+  constexpr std::size_t kAhead = 8;
+  PyObject* const* dicts = dicts_.data();
+  const std::uint64_t* versions = versions_.data();
   const std::size_t n = dicts_.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + 8 < n) __builtin_prefetch(dicts_[i + 8]);  // scattered objects: overlap the cache misses
-    if (reinterpret_cast<PyDictObject*>(dicts_[i])->ma_version_tag != versions_[i]) return false;
+  const std::size_t steady = n > kAhead ? n - kAhead : 0;
+  std::size_t i = 0;
+  for (; i < steady; ++i) {
+    __builtin_prefetch(&reinterpret_cast<const PyDictObject*>(dicts[i + kAhead])->ma_version_tag);
+    if (reinterpret_cast<const PyDictObject*>(dicts[i])->ma_version_tag != versions[i]) return false;
+  }
+  for (; i < n; ++i) {
+    if (reinterpret_cast<const PyDictObject*>(dicts[i])->ma_version_tag != versions[i]) return false;
   }
   return true;
 #else
@@ -421,17 +442,23 @@ void ModuleSnapshot::rebuild(PyObject* module) {
 }
 
 void ModuleSnapshot::add_devices(DeviceAgreement& agreement) const {
-  // The objects and their TensorImpls are scattered over the heap; asking for the next ones early lets
-  // the loads overlap instead of waiting on one cache miss at a time.
+  // The objects and their TensorImpls are scattered over the heap; asking for the lines read next early lets
+  // the loads overlap instead of waiting on one cache miss at a time. The steady loop prefetches without a
+  // bounds test, and the agreement is a local there: stores through the reference might alias the list, and
+  // the compiler would read both again from memory on every tensor.
   constexpr std::size_t kAhead = 8;
+  PyObject* const* tensors = tensors_.data();
   const std::size_t n = tensors_.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(&reinterpret_cast<THPVariable*>(tensors_[i + kAhead])->cdata);
-    if (i + kAhead / 2 < n) {
-      __builtin_prefetch(unpack(tensors_[i + kAhead / 2]).unsafeGetTensorImpl());
-    }
-    agreement.add(unpack(tensors_[i]));
+  const std::size_t steady = n > kAhead ? n - kAhead : 0;
+  DeviceAgreement local = agreement;
+  std::size_t i = 0;
+  for (; i < steady; ++i) {
+    __builtin_prefetch(impl_pointer_of(tensors[i + kAhead]));
+    __builtin_prefetch(TensorImplFields::device_of(unpack(tensors[i + kAhead / 2]).unsafeGetTensorImpl()));
+    local.add(unpack(tensors[i]));
   }
+  for (; i < n; ++i) local.add(unpack(tensors[i]));
+  agreement = local;
 }
 
 // ---- the snapshot cache of assert_same_device ----------------------------------------------------------
