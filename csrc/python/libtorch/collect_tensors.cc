@@ -63,10 +63,10 @@ bool is_tensor(PyObject* obj) {
 
 const at::Tensor& unpack(PyObject* obj) { return THPVariable_Unpack(obj); }
 
-// The addresses the per-forward loops read, for prefetching exactly those cache lines: a tensor object's
-// TensorImpl pointer (the end of THPVariable::cdata), a TensorImpl's device (c10 keeps device_opt_ protected,
-// so a derived class names it; device() reads it and the policy bits beside it, some 170 bytes into the
-// object, two or three cache lines past its start), and a dict's version tag.
+// The addresses ModuleSnapshot::add_devices reads, for prefetching exactly those cache lines: a tensor object's
+// TensorImpl pointer (the end of THPVariable::cdata), and a TensorImpl's device (c10 keeps device_opt_
+// protected, so a derived class names it; device() reads it and the policy bits beside it, some 170 bytes into
+// the object, two or three cache lines past its start).
 struct TensorImplFields : c10::TensorImpl {
   static const void* device_of(const c10::TensorImpl* impl) { return &(impl->*(&TensorImplFields::device_opt_)); }
 };
