@@ -348,11 +348,14 @@ class Analyzer {
              plural(report.shared_devices_total, any_mig ? "device" : "GPU", any_mig ? "devices" : "GPUs") +
              (any_mig ? " (a GPU or one MIG instance)" : "") + ".";
       if (all_multi_rank) {
-        out += " NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: it turns off NCCL 2.30's own check "
-               "(\"Multiple Ranks are using the same GPU/Partition\"), so nothing else would stop them and they "
-               "would split one device's memory and compute; gpuguard stops every rank all the same. That variable "
-               "is right only for ranks meant to share a device, and those belong in different gpuguard groups "
-               "(bind(group=...)), which may share.\n";
+        // The job's NCCL may be older than the switch (the lent GPU's torch 2.11 ships NCCL 2.28.9): say which
+        // versions it silences, and what the others do.
+        out += " NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: it turns off the check of NCCL 2.30 "
+               "and later (\"Multiple Ranks are using the same GPU/Partition\"), so with those nothing else would "
+               "stop them and they would split one device's memory and compute (NCCL 2.29 and earlier, which have "
+               "no such switch, stop them with \"Duplicate GPU detected\"); gpuguard stops every rank all the "
+               "same. That variable is right only for ranks meant to share a device, and those belong in different "
+               "gpuguard groups (bind(group=...)), which may share.\n";
       } else {
         out += " NCCL would stop them with \"Duplicate GPU detected\" (NCCL 2.30+: \"Multiple Ranks are using the "
                "same GPU/Partition\"; NCCL_MULTI_RANK_GPU_ENABLE=1 would silence that, not fix it) or hang; gpuguard "

@@ -145,8 +145,11 @@ TEST(Placement, MultiRankGpuModeDoesNotSilenceATrueDuplicate) {
   auto report = gpuguard::analyze_placement({a, b});
   EXPECT_EQ(report.severity, PlacementReport::Severity::kError);
   EXPECT_IN("2 ranks of group 'default' share 1 GPU. NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: "
-            "it turns off NCCL 2.30's own check (\"Multiple Ranks are using the same GPU/Partition\"), so nothing "
-            "else would stop them", report.message);
+            "it turns off the check of NCCL 2.30 and later (\"Multiple Ranks are using the same GPU/Partition\"), "
+            "so with those nothing else would stop them", report.message);
+  // an older NCCL, like the lent GPU's 2.28.9, has no such switch: the message says what that one does
+  EXPECT_IN("(NCCL 2.29 and earlier, which have no such switch, stop them with \"Duplicate GPU detected\")",
+            report.message);
   EXPECT_IN("gpuguard stops every rank all the same", report.message);
   b.multi_rank_gpu_enabled = false;
   report = gpuguard::analyze_placement({a, b});

@@ -520,7 +520,9 @@ def test_multi_rank_gpu_mode_does_not_silence_a_true_duplicate(master):
     assert {v.kind for v in verdicts} == {"duplicate"}
     with pytest.raises(DuplicateDeviceError) as err:
         raise_for(verdicts[0], identities[0])
-    assert "NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: it turns off NCCL 2.30's own check" \
+    assert "NCCL_MULTI_RANK_GPU_ENABLE=1 is set on every rank involved: it turns off the check of NCCL 2.30 " \
+        "and later" in str(err.value)
+    assert "NCCL 2.29 and earlier, which have no such switch, stop them with \"Duplicate GPU detected\"" \
         in str(err.value)
     assert "gpuguard stops every rank all the same" in str(err.value)
 
