@@ -10,7 +10,8 @@
 #   FUZZ_RUNS_IDENTITY / FUZZ_RUNS_LOG_SCAN / FUZZ_RUNS_FLIGHT_RECORDER   that target's budget in inputs instead
 #                              (CI: as many as each ran in 20 s on a quiet machine, so that a busy one fuzzes no less)
 #   PYTHON=...                 the interpreter whose torch gives the C++ ABI (default python3)
-#   FUZZ_PASTE_SEED / FUZZ_PASTE_RUNS   fuzz_paste.py's seed and its most shapes (default: a new seed, no limit)
+#   FUZZ_PASTE_SEED / FUZZ_PASTE_RUNS   fuzz_paste.py's seed and its number of shapes (default: a new seed, as many
+#                              as $FUZZ_SECONDS allow)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX=${FUZZ_CXX:-clang++}
@@ -75,7 +76,11 @@ paste_part() {
   if PYTHONPATH=python "$PY" -c "import gpuguard._core" 2>/dev/null; then
     # FUZZ_PASTE_SEED and FUZZ_PASTE_RUNS fix the shapes (CI: a seed whose shapes pass, so that a flaw a random seed
     # finds is reported by a developer's run, not by an unrelated change's CI); unset, each run draws new shapes
-    if ! PYTHONPATH=python:tests/python "$PY" tests/fuzz/fuzz_paste.py "${FUZZ_SECONDS:-20}" "${FUZZ_PASTE_SEED:-}" \
+    # with a count (CI's), the count alone ends the run, so that a busy machine fuzzes no less (beside the other
+    # parts, 20 s gave 2,991 of CI's 15,000 shapes in the CI run of 45d17cd); the time is then a bound for a hang
+    local seconds=${FUZZ_SECONDS:-20}
+    [ -n "${FUZZ_PASTE_RUNS:-}" ] && seconds=1200
+    if ! PYTHONPATH=python:tests/python "$PY" tests/fuzz/fuzz_paste.py "$seconds" "${FUZZ_PASTE_SEED:-}" \
         "${FUZZ_PASTE_RUNS:-}" >"$OUT/fuzz_paste.log" 2>&1; then
       cat "$OUT/fuzz_paste.log" >&2
       echo "fuzz.sh: explain read a pasted shape wrong (the shape and its seed are above)" >&2
