@@ -83,8 +83,10 @@ def test_two_torchrun_agents_on_one_host_are_named(cluster):
     cmd = ["srun", "-N1", "-n2", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
            "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg1:29521", "--rdzv-id", "t2",
            *program("bind")[1:]]
-    rs = results(cluster.run(cmd, timeout=180, check=False).stdout)
-    assert len(rs) == 4, rs
+    r = cluster.run(cmd, timeout=180, check=False)
+    rs = results(r.stdout)
+    # no rank's result at all (the CI run of da593e2, after 170 s): what srun and the agents printed says why
+    assert len(rs) == 4, f"{len(rs)} of 4 results; srun exited {r.returncode}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     for x in rs:
         assert not x["ok"] and x["error"] == "DuplicateDeviceError", x
         assert "launcher agents on one host" in x["message"], x["message"]
