@@ -14,16 +14,12 @@ from typing import Any, Optional
 # spent more on those imports than on its servers). A server lives until the factory closes its end of the pipe it
 # holds; the factory reports each server's pid and port, and "stopped" once one has exited.
 FACTORY = """
-import datetime, os, signal, sys
+import datetime, os, sys
 import torch.distributed as dist
 held = {}  # a server's pid -> the write end of its pipe: closed, the server ends
 while True:
     line = sys.stdin.readline()
-    if not line:  # the benchmark ended: so do the servers it left (one stopped by SIGSTOP too), waited for here
-        for pid, fd in held.items():
-            os.close(fd)
-            os.kill(pid, signal.SIGCONT)
-            os.waitpid(pid, 0)
+    if not line:  # the benchmark ended: its servers end with the pipes this process held
         break
     word, _, arg = line.strip().partition(" ")
     if word == "start":
@@ -63,8 +59,8 @@ def _the_factory() -> subprocess.Popen:
 
 
 def _end_factory(factory: subprocess.Popen) -> None:
-    """At the benchmark's exit: the factory ends on its closed stdin, once the servers still running have ended (so
-    that nothing outlives the benchmark)."""
+    """At the benchmark's exit: the factory ends on its closed stdin, and its servers with it (waited for, so that
+    nothing outlives the benchmark and the CPU of all is counted to it)."""
     if factory.stdin is not None:
         factory.stdin.close()
     try:
