@@ -75,9 +75,9 @@ log_scan_part() {
 paste_part() {
   if PYTHONPATH=python "$PY" -c "import gpuguard._core" 2>/dev/null; then
     # FUZZ_PASTE_SEED and FUZZ_PASTE_RUNS fix the shapes (CI: a seed whose shapes pass, so that a flaw a random seed
-    # finds is reported by a developer's run, not by an unrelated change's CI); unset, each run draws new shapes
-    # with a count (CI's), the count alone ends the run, so that a busy machine fuzzes no less (beside the other
-    # parts, 20 s gave 2,991 of CI's 15,000 shapes in the CI run of 45d17cd); the time is then a bound for a hang
+    # finds is reported by a developer's run, not by an unrelated change's CI); unset, each run draws new shapes.
+    # With a count (CI's), the count alone ends the run, so that a busy machine fuzzes no less (beside the other
+    # parts, 20 s gave 2,991 of CI's 15,000 shapes in the CI run of 45d17cd): the time is then a bound for a hang.
     local seconds=${FUZZ_SECONDS:-20}
     [ -n "${FUZZ_PASTE_RUNS:-}" ] && seconds=1200
     if ! PYTHONPATH=python:tests/python "$PY" tests/fuzz/fuzz_paste.py "$seconds" "${FUZZ_PASTE_SEED:-}" \
