@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gg_testing.env import no_driver_env
-from gg_testing.procs import run_cli
+from gg_testing.procs import SNIPPET_TIMEOUT_S, run_cli
 
 from gpuguard.system.devices import Device
 
@@ -247,7 +247,7 @@ def test_doctor_lists_each_gpus_processes_and_flags_the_users_older_than_this_lo
         env = fake_gpus.env(str(path))
         # a new session stands for a new login (or job): its leader starts after the leftover
         proc = subprocess.run([sys.executable, "-m", "gpuguard", "doctor", "--json"], env=env, capture_output=True,
-                              text=True, timeout=120, start_new_session=True)
+                              text=True, timeout=SNIPPET_TIMEOUT_S, start_new_session=True)
         doc = json.loads(proc.stdout)
         rows = {r["device"]: r for r in doc["gpu_processes"]}
         assert rows[0]["processes"] == [] and len(rows) == 4
@@ -261,7 +261,7 @@ def test_doctor_lists_each_gpus_processes_and_flags_the_users_older_than_this_lo
         assert stale["message"].startswith(f"pid {leftover.pid} (") and "holds 20.0 GiB of GPU 1" in stale["message"]
         assert f"kill {leftover.pid}" in stale["fix"]
         text = subprocess.run([sys.executable, "-m", "gpuguard", "doctor"], env=env, capture_output=True, text=True,
-                              timeout=120, start_new_session=True).stdout
+                              timeout=SNIPPET_TIMEOUT_S, start_new_session=True).stdout
         assert f"GPU 1 processes (59.1 GiB of 79.6 GiB free): pid {leftover.pid} 20.0 GiB (" in text
         assert "[older than this login/job]" in text and "GPU 0 processes (79.6 GiB of 79.6 GiB free): none" in text
     finally:

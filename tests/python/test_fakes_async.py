@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gg_testing.procs import SNIPPET_TIMEOUT_S
+
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 
 HERE = Path(__file__).resolve().parent
@@ -83,7 +85,7 @@ def run_two_ranks(fake_gpus, tmp_path, topology: str, scenario: str) -> dict[int
     results = {}
     try:
         for rank, proc in enumerate(procs):
-            stdout, stderr = proc.communicate(timeout=120)
+            stdout, stderr = proc.communicate(timeout=SNIPPET_TIMEOUT_S)
             assert proc.returncode == 0, f"rank {rank} failed:\n{stdout}\n{stderr}"
             results[rank] = json.loads(stdout.strip().splitlines()[-1])
     finally:

@@ -17,7 +17,7 @@ import pytest
 from gg_testing import launch
 from gg_testing.env import scrubbed
 from gg_testing.ports import ephemeral_range, free_port, worker_slice
-from gg_testing.procs import JOB_MARK, alive, marked, run_json, wait_until
+from gg_testing.procs import JOB_MARK, SNIPPET_TIMEOUT_S, alive, marked, run_json, wait_until
 
 # Two ranks each rewrite their result 200 times, 256 KiB apiece (far above PIPE_BUF, so a shared pipe would
 # split them), while printing the same to the stdout they share: what the test reads must still be whole.
@@ -153,7 +153,7 @@ def test_each_tests_cpu_seconds_reach_the_junit_file_with_its_waited_for_childre
     env = dict(scrubbed(dict(os.environ)), PYTHONPATH=str(Path(launch.__file__).parents[1]))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            str(tmp_path / "test_cpu.py"), f"--junitxml={junit}"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recorded = re.findall(r'<testcase [^>]*name="(\w+)"[^>]*>\s*<properties>\s*'
                           r'<property name="cpu_s" value="([0-9.]+)"', junit.read_text())

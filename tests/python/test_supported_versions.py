@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gg_testing.paths import ROOT
+from gg_testing.procs import SNIPPET_TIMEOUT_S
 from gpuguard import errors, supported_versions as sv
 from gpuguard.errors import DuplicateDeviceError, add_note, format_exception
 
@@ -112,7 +113,7 @@ def test_the_build_reads_abi_and_pybind11_flags_from_the_torch_it_builds_against
     import torch
 
     proc = subprocess.run([sys.executable, str(ROOT / "cmake" / "torch_build_flags.py"), "--cmake"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     facts = dict(line.split("=", 1) for line in proc.stdout.splitlines())
     assert facts["TORCH_CXX11_ABI"] == str(int(torch._C._GLIBCXX_USE_CXX11_ABI))
@@ -208,7 +209,7 @@ def test_a_module_that_links_but_cannot_load_fails_the_build_and_is_removed(tmp_
     subprocess.run(["g++", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(module)],
                    check=True, timeout=120)
     proc = subprocess.run([sys.executable, str(ROOT / "cmake" / "check_module_loads.py"), str(module),
-                           "gpuguard._libtorch"], capture_output=True, text=True, timeout=60)
+                           "gpuguard._libtorch"], capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
     assert proc.returncode == 1 and not module.exists()
     assert proc.stderr.startswith(f"gpuguard: the module just built, {module}, cannot be loaded by {sys.executable}: "
                                   f"ImportError: ")
