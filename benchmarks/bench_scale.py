@@ -169,11 +169,11 @@ TIMEOUT_SCENARIOS = ("timeout", "node-gone", "leader-dies", "slow-store", "store
 def stalled_store(server: Server, seconds: float) -> None:
     """The store's process stops answering for ``seconds`` (SIGSTOP, as a host stalled by swapping, a stopped VM or
     a debugger would), then goes on."""
-    os.kill(server.proc.pid, signal.SIGSTOP)
+    os.kill(server.pid, signal.SIGSTOP)
     try:
         gevent.sleep(seconds)
     finally:
-        os.kill(server.proc.pid, signal.SIGCONT)
+        os.kill(server.pid, signal.SIGCONT)
 
 
 def run_check(world: int, scenario: str, deadline_s: float) -> dict[str, Any]:
