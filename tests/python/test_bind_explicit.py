@@ -211,5 +211,6 @@ def test_four_threads_binding_over_one_store_client_meet_at_once(fake_gpus):
     call as another check of the group."""
     got = run_json(SHARED_CLIENT_THREADS, fake_gpus.env("h100x4"))
     assert [got[str(r)].get("device") for r in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"], got
-    assert max(got[str(r)]["elapsed"] for r in range(4)) < 10, got
+    # at once: the stall this guards against lasted the store's 60 s timeout; 30 s leaves room for a starved lane
+    assert max(got[str(r)]["elapsed"] for r in range(4)) < 30, got
     assert got["timeout"] == 60  # the store's own timeout is the user's again

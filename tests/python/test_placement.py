@@ -398,6 +398,7 @@ class SignalsClaim(TcpStoreWrapper):
         return value
 
 
+@pytest.mark.wall_clock  # the call must end by the deadline + its grace: timed at normal priority in CI
 def test_a_store_with_a_longer_timeout_never_holds_a_rank_past_the_deadline(master):
     """The issue's case: stores made with a 24 s timeout, a 3 s deadline, an arrival counter someone pre-filled
     where gpuguard used to count, and the second rank on GPU 0 stalled between listing its GPU as shared and
@@ -437,6 +438,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.wall_clock  # the call must end by the deadline + its grace: timed at normal priority in CI
 def test_a_store_whose_server_stops_answering_ends_the_call_by_the_deadline():
     """The process serving the store is stopped (SIGSTOP: rank 0 under env://, in a debugger, swapped out):
     c10d's client then blocks in a call even past its own timeout; the exchange leaves that call behind."""
