@@ -13,6 +13,9 @@ from .conftest import program, results
 
 pytestmark = pytest.mark.timeout(300)
 
+# The steps whose store (MASTER_ADDR, torchrun's --rdzv-endpoint) is on gg1 name their nodes (-w): SLURM may
+# place a step on any idle nodes, and on gg2 and gg3 nobody serves gg1's store. In the CI run of 5e0e7b4 it ran
+# `srun -N1 -n2 torchrun --rdzv-endpoint gg1:29521` on gg3, whose agents waited 60 s to connect to gg1.
 MASTER = {"MASTER_ADDR": "gg1", "MASTER_PORT": "29511"}
 
 
@@ -35,7 +38,7 @@ def _ok(rs, n):
 
 
 def test_srun_two_nodes_four_and_one(cluster):
-    r = cluster.run(["srun", "-N2", "-n5", "--ntasks-per-node=4", *program("init")], env=cluster.env(**MASTER),
+    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", "-n5", "--ntasks-per-node=4", *program("init")], env=cluster.env(**MASTER),
                     timeout=240)  # four ranks importing torch at once on a loaded node took 49 s (CI of 054b1f9)
     rs = results(r.stdout)
     _ok(rs, 5)
@@ -57,7 +60,7 @@ def test_srun_mpi_plugin(cluster, plugin):
     probe = cluster.run(["srun", "-N2", "-n2", f"--mpi={plugin}", "true"], check=False, timeout=60)
     if probe.returncode != 0:
         pytest.skip(f"srun --mpi={plugin} is listed but cannot launch a step here: {probe.stderr.strip()[:300]}")
-    r = cluster.run(["srun", "-N2", "-n4", f"--mpi={plugin}", *program("init")], env=cluster.env(**MASTER),
+    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", "-n4", f"--mpi={plugin}", *program("init")], env=cluster.env(**MASTER),
                     check=False)
     if r.returncode != 0 and "launch failed" in r.stderr:  # SLURM's PMIx plugin, not gpuguard: no rank ran
         pytest.skip(f"srun --mpi={plugin} failed to launch its step here: {r.stderr.strip()[:300]}")
@@ -68,7 +71,7 @@ def test_srun_mpi_plugin(cluster, plugin):
 
 
 def test_srun_torchrun_two_nodes(cluster):
-    cmd = ["srun", "-N2", "--ntasks-per-node=1", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
+    cmd = ["srun", "-N2", "-w", "gg1,gg2", "--ntasks-per-node=1", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
            "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg1:29520", "--rdzv-id", "t1",
            *program("bind")[1:]]
     r = cluster.run(cmd, timeout=180)
@@ -80,12 +83,12 @@ def test_srun_torchrun_two_nodes(cluster):
 
 def test_two_torchrun_agents_on_one_host_are_named(cluster):
     """srun -n 2 torchrun --nproc_per_node 2 on one node: both agents use local ranks 0 and 1."""
-    cmd = ["srun", "-N1", "-n2", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
+    cmd = ["srun", "-N1", "-w", "gg1", "-n2", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
            "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg1:29521", "--rdzv-id", "t2",
            *program("bind")[1:]]
     r = cluster.run(cmd, timeout=180, check=False)
     rs = results(r.stdout)
-    # no rank's result at all (the CI run of da593e2, after 170 s): what srun and the agents printed says why
+    # no rank's result at all: what srun and the agents printed says why
     assert len(rs) == 4, f"{len(rs)} of 4 results; srun exited {r.returncode}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     for x in rs:
         assert not x["ok"] and x["error"] == "DuplicateDeviceError", x
@@ -170,7 +173,7 @@ def _srun_wrapped(cluster, script, n=3, timeout=120, **extra):
     """srun -n N bash -c SCRIPT, where SCRIPT ends by exec'ing the rank program (init: rank 0 serves the store)."""
     prog = " ".join(shlex.quote(p) for p in program("init"))
     env = cluster.env(**MASTER, GG_TIMEOUT="30", **extra)
-    r = cluster.run(["srun", "-N2", f"-n{n}", "bash", "-c", f"{script}; exec {prog}"], env=env, check=False,
+    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", f"-n{n}", "bash", "-c", f"{script}; exec {prog}"], env=env, check=False,
                     timeout=timeout)
     return results(r.stdout), r
 
