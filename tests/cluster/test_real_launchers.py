@@ -38,8 +38,9 @@ def _ok(rs, n):
 
 
 def test_srun_two_nodes_four_and_one(cluster):
-    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", "-n5", "--ntasks-per-node=4", *program("init")], env=cluster.env(**MASTER),
-                    timeout=240)  # four ranks importing torch at once on a loaded node took 49 s (CI of 054b1f9)
+    # four ranks importing torch at once on a loaded node took 49 s (CI of 054b1f9)
+    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", "-n5", "--ntasks-per-node=4", *program("init")],
+                    env=cluster.env(**MASTER), timeout=240)
     rs = results(r.stdout)
     _ok(rs, 5)
     assert [(x["host"], x["local_rank"], x["local_world_size"], x["node_rank"]) for x in rs] == [
@@ -60,8 +61,8 @@ def test_srun_mpi_plugin(cluster, plugin):
     probe = cluster.run(["srun", "-N2", "-n2", f"--mpi={plugin}", "true"], check=False, timeout=60)
     if probe.returncode != 0:
         pytest.skip(f"srun --mpi={plugin} is listed but cannot launch a step here: {probe.stderr.strip()[:300]}")
-    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", "-n4", f"--mpi={plugin}", *program("init")], env=cluster.env(**MASTER),
-                    check=False)
+    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", "-n4", f"--mpi={plugin}", *program("init")],
+                    env=cluster.env(**MASTER), check=False)
     if r.returncode != 0 and "launch failed" in r.stderr:  # SLURM's PMIx plugin, not gpuguard: no rank ran
         pytest.skip(f"srun --mpi={plugin} failed to launch its step here: {r.stderr.strip()[:300]}")
     rs = results(r.stdout)
@@ -71,9 +72,9 @@ def test_srun_mpi_plugin(cluster, plugin):
 
 
 def test_srun_torchrun_two_nodes(cluster):
-    cmd = ["srun", "-N2", "-w", "gg1,gg2", "--ntasks-per-node=1", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
-           "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg1:29520", "--rdzv-id", "t1",
-           *program("bind")[1:]]
+    cmd = ["srun", "-N2", "-w", "gg1,gg2", "--ntasks-per-node=1", "python3", "-m", "torch.distributed.run",
+           "--nnodes", "2", "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "gg1:29520",
+           "--rdzv-id", "t1", *program("bind")[1:]]
     r = cluster.run(cmd, timeout=180)
     rs = results(r.stdout)
     _ok(rs, 4)
@@ -173,8 +174,8 @@ def _srun_wrapped(cluster, script, n=3, timeout=120, **extra):
     """srun -n N bash -c SCRIPT, where SCRIPT ends by exec'ing the rank program (init: rank 0 serves the store)."""
     prog = " ".join(shlex.quote(p) for p in program("init"))
     env = cluster.env(**MASTER, GG_TIMEOUT="30", **extra)
-    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", f"-n{n}", "bash", "-c", f"{script}; exec {prog}"], env=env, check=False,
-                    timeout=timeout)
+    r = cluster.run(["srun", "-N2", "-w", "gg1,gg2", f"-n{n}", "bash", "-c", f"{script}; exec {prog}"], env=env,
+                    check=False, timeout=timeout)
     return results(r.stdout), r
 
 

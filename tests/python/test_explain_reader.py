@@ -196,6 +196,7 @@ def test_the_core_loads_without_torch_and_the_tensor_checks_load_it():
               "light = 'torch' in sys.modules; from gpuguard._libtorch_loader import libtorch; libtorch(); "
               "print(light, 'torch' in sys.modules, callable(gpuguard.devices), callable(gpuguard.explain), "
               "gpuguard.TORCH_VERSION_BUILT_FOR is not None, sorted(set(gpuguard.__all__) - set(dir(gpuguard))))")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S, env=ENV)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S,
+                          env=ENV)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True", "True", "True", "True", "[]"]
