@@ -192,13 +192,15 @@ def test_a_broken_launch_environment_on_one_rank_stops_every_rank_at_once(cluste
         assert x["error"] == "LaunchEnvironmentError", _said(rs)
         assert "rank 1 (host gg1" in x["message"] and "LOCAL_RANK=5" in x["message"], x["message"]
         assert "did not reach" not in x["message"] and "could not reach" not in x["message"], x["message"]
-        assert x["call_seconds"] < 25, x  # at once, not at the deadline
-    # rank 2, started late, read the verdict at once: within 10 s of the later of its call's start and rank 1's
-    # end (rank 1 published its failure before it ended). Not its call alone: on a loaded machine rank 0, which
-    # serves the store, can still be importing torch when rank 2 calls (CI, 3d247bd: rank 2's call took 21.7 s)
+    # "At once" is timed from when the failure could be read, never from a call's start: on a loaded machine rank 0,
+    # which serves the store, can still be importing torch when rank 2 calls (CI of 3d247bd: rank 2's call took
+    # 21.7 s; CI of 26d6a8d: 28.1 s, and a bound of 25 s on the call failed). Rank 2, started late, read the verdict
+    # within 10 s of the later of its call's start and rank 1's end (rank 1 published its failure before it ended);
+    # a rank that waited out its 30 s deadline instead would end 30 s after its call's start.
     published_by = max(rs[2]["ended"] - rs[2]["call_seconds"], rs[1]["ended"])
-    assert rs[2]["ended"] - published_by < 10, rs
-    assert rs[0]["ended"] - rs[2]["ended"] < 10, rs  # and rank 0, serving that store, left then
+    times = "\n".join(f"rank {x['rank']}: call {x['call_seconds']} s, ended at {x['ended']:.2f}" for x in rs)
+    assert rs[2]["ended"] - published_by < 10, times
+    assert rs[0]["ended"] - rs[2]["ended"] < 10, times  # and rank 0, serving that store, left then
 
 
 def test_several_failed_ranks_are_all_named(cluster, tmp_path):
