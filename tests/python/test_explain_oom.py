@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from gg_testing.paths import ROOT
-from gg_testing.procs import SNIPPET_TIMEOUT_S
+from gg_testing.procs import run_cli
 from gpuguard.logs import LogExplainer, explain, kinds_in
 from gpuguard.logs.recognisers.cuda_oom import parse_message
 
@@ -175,8 +175,7 @@ def test_on_this_host_explain_says_what_it_sees_of_the_pids(tmp_path):
         log = tmp_path / "oom.log"
         log.write_text(text + "\n")
         env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), GPUGUARD_LIBCUDA="/nonexistent/libcuda.so.1")
-        proc = subprocess.run([sys.executable, "-m", "gpuguard", "explain", "--this-host", str(log)], env=env,
-                              capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+        proc = run_cli(["explain", "--this-host", str(log)], env)
         assert f"pid {sleeper.pid} is running here now: " in proc.stdout, proc.stdout + proc.stderr
         assert "leftover-run" in proc.stdout
     finally:
