@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -232,8 +233,11 @@ def test_a_test_holds_other_ray_starts_back_until_a_new_driver_joins_or_it_ends(
     logs = tmp_path / "session_1" / "logs"
     logs.mkdir(parents=True)
     (logs / "python-core-driver-01_100.log").write_text("")  # a driver of before: it does not count
+    long_ago = time.time() - 600
+    os.utime(logs, (long_ago, long_ago))  # a session left by an earlier run: the watcher looks in it only once changed
     monkeypatch.setattr(ray_start, "DRIVER_LOGS", (str(tmp_path / "session_*/logs/python-core-driver-*"),))
     with ray_start.until_a_driver_joins(hold_s=60):
+        (logs / "worker-01_300.log").write_text("")  # the folder changes, by another file than a driver's
         # still held 1.5 s on (the watcher looks every 0.25 s): the old driver's log did not release it
         assert not wait_until(lambda: not lock_taken(ray_start.LOCK_PATH), 1.5, what=None)
         (logs / "python-core-driver-01_200.log").write_text("")
