@@ -51,10 +51,13 @@ case "$MODE" in
     cmake --build "$BUILD" -j "$JOBS"
     # A package of this build beside the sources' pure-Python part, for pytest and the test's workers; python/gpuguard
     # itself keeps scripts/test.sh's modules.
+    # Copied without what was built in place or compiled: never listing __pycache__, where a test of another lane
+    # may be writing a .pyc beside (a temporary file, renamed over the .pyc, that a copy of the folder can list
+    # and then no longer find).
     site="$BUILD/site"
     rm -rf "$site" && mkdir -p "$site"
-    cp -r python/gpuguard "$site/"
-    find "$site/gpuguard" \( -name '*.so' -o -name '_build_info_*.py' -o -name __pycache__ \) -prune -exec rm -rf {} +
+    "$PY" -c 'import shutil, sys; shutil.copytree("python/gpuguard", sys.argv[1], ignore=shutil.ignore_patterns(
+        "__pycache__", "*.so", "_build_info_*.py"))' "$site/gpuguard"
     cp "$BUILD"/csrc/python/_core*.so "$BUILD"/csrc/python/_libtorch*.so "$BUILD"/csrc/python/_build_info_*.py \
        "$site/gpuguard/"
     echo "build_toolchains.sh: g++ $(g++ -dumpversion) with $LINK: built in $(( $(date +%s) - t0 )) s"
