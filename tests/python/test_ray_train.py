@@ -19,9 +19,16 @@ from gg_testing import launch
 from gg_testing.env import auto_env, scrubbed
 from gg_testing.paths import ROOT
 
-pytest.importorskip("ray.train.torch", exc_type=ImportError)  # ray[train]: pandas, pyarrow
 
 SCRIPTS = ROOT / "tests" / "python" / "ray_scripts"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _ray_train() -> None:
+    """Skips where Ray Train cannot import (ray[train]: pandas, pyarrow). Asked when a test runs, not when pytest
+    collects the file: importing ray.train.torch takes 2-3 CPU-s (it imports torch._inductor), which every pytest
+    process of CI would pay for a file only the Ray steps run."""
+    pytest.importorskip("ray.train.torch", exc_type=ImportError)
 
 
 @pytest.mark.slow

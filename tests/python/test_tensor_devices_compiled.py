@@ -9,14 +9,23 @@ from __future__ import annotations
 import collections
 import dataclasses
 import pickle
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 import torch
 from torch import nn
 
 import gpuguard
-from gpuguard.tensors import compile_time
+
+if TYPE_CHECKING:
+    from gpuguard.tensors import compile_time
+
+
+def _compile_time() -> Any:
+    """gpuguard.tensors.compile_time, imported when a test needs it rather than when pytest collects this file: it
+    imports Dynamo (2-3 CPU-s), which every pytest process of CI would otherwise pay, whichever tests it runs."""
+    from gpuguard.tensors import compile_time as module
+    return module
 
 
 TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
@@ -64,14 +73,14 @@ def compiled(model: Any, **options: Any) -> tuple[Any, Recorder]:
 def eager_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> gpuguard.DeviceMismatchError:
     with pytest.raises(gpuguard.DeviceMismatchError) as info:
         fn(*args, **kwargs)
-    assert not isinstance(info.value, compile_time.CompileTimeDeviceMismatchError)
+    assert not isinstance(info.value, _compile_time().CompileTimeDeviceMismatchError)
     return info.value
 
 
 def compile_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> compile_time.CompileTimeDeviceMismatchError:
     with pytest.raises(gpuguard.DeviceMismatchError) as info:
         fn(*args, **kwargs)
-    assert isinstance(info.value, compile_time.CompileTimeDeviceMismatchError)
+    assert isinstance(info.value, _compile_time().CompileTimeDeviceMismatchError)
     return info.value
 
 
@@ -315,8 +324,8 @@ def test_a_compiled_step_runs_no_check_and_the_check_runs_once_per_compilation(k
     GUARDS[kind](model)
     x = torch.randn(3, 4)
     checks: list[int] = []
-    run_now = compile_time.run_now
-    monkeypatch.setattr(compile_time, "run_now", lambda ctx: (checks.append(1), run_now(ctx)))
+    run_now = _compile_time().run_now
+    monkeypatch.setattr(_compile_time(), "run_now", lambda ctx: (checks.append(1), run_now(ctx)))
     fn, graphs = compiled(model, fullgraph=True)
     fn(x)  # compiles: the check runs here, once per hook Dynamo traces
     traced = len(checks)
