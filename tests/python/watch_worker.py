@@ -1,4 +1,4 @@
-"""A torchrun worker for test_watch.py: 4 ranks on gloo under gpuguard.watch(), one stall scenario (argv[1]).
+"""A torchrun worker for test_watch.py: its ranks on gloo under gpuguard.watch(), one stall scenario (argv[1]).
 
 `async_wait`: every step is `work = dist.all_reduce(t, async_op=True); work.wait()`, the shape of every NCCL
 collective (it returns once enqueued); rank 2 sleeps in Python before the 5th. `ddp`: a DistributedDataParallel
