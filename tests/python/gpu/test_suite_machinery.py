@@ -182,7 +182,10 @@ def test_warnings_of_torchs_modules_are_reported_and_gpuguards_fail_the_test(tmp
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # -W would replace the filters' defaults
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")]),
                GPUGUARD_LIBCUDA="/nonexistent/libcuda.so.1", GPUGUARD_LIBNVML="/nonexistent/libnvidia-ml.so.1",
-               GPUGUARD_LAUNCHER="single")  # bind() as one process, whatever launcher runs this suite
+               GPUGUARD_LAUNCHER="single",  # bind() as one process, whatever launcher runs this suite
+               # no pool of compile workers: importing Inductor starts one (a process importing torch, about
+               # 6 CPU-s), which nothing here compiles with
+               TORCHINDUCTOR_COMPILE_THREADS="1")
     junit = tmp_path / "junit.xml"
     # Inductor compiles in the inner pytest, CPU-bound: in the CI run of 8cd8552, beside the Ray tests on the shared
     # cores, this took 214 s of the 240 s it then had. The bound is for a hang, not a measure.
