@@ -28,7 +28,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from .procs import wait_until
 
@@ -152,6 +152,19 @@ def ray_start_timed_out(returncode: int, output: str) -> bool:
     """Whether a driver script that starts its own cluster (ray.init()) failed only because Ray's start did: then
     the test starts it once more, and any other failure, or a second one, still fails it."""
     return returncode != 0 and RAY_START_TIMED_OUT in output
+
+
+def init_in_this_process(ray: Any, **options: Any) -> Any:
+    """``ray.init(**options)`` for a cluster the test's own process starts, started once more when it failed only
+    because Ray's start did (RAY_START_TIMED_OUT), as ray_start_timed_out lets a driver script's test do; any other
+    failure, or a second one, is raised."""
+    try:
+        return ray.init(**options)
+    except Exception as exc:
+        if RAY_START_TIMED_OUT not in str(exc):
+            raise
+    ray.shutdown()
+    return ray.init(**options)
 
 
 def workers_at_the_tests_priority(environ: "os._Environ[str]" = os.environ) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gg_testing.ray_start import RAY_START_TIMED_OUT, starting_alone
+from gg_testing.ray_start import init_in_this_process, starting_alone
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray_cluster(shared=True)]  # the module's one cluster
 ray = pytest.importorskip("ray")
@@ -33,16 +33,8 @@ def cluster(fake_gpus):
     env_vars = {k: env[k] for k in ("GPUGUARD_LIBCUDA", "GPUGUARD_LIBNCCL", "GPUGUARD_FAKE_TOPOLOGY", "PYTHONPATH")
                 if k in env}
     with starting_alone():  # no other test's cluster starting beside it (gg_testing.ray_start)
-        for attempt in (1, 2):
-            try:
-                ray.init(num_gpus=8, num_cpus=16, include_dashboard=False, object_store_memory=100 * 2**20,
-                         log_to_driver=False, runtime_env={"env_vars": env_vars})
-                break
-            except Exception as exc:  # Ray's own start timed out, before any gpuguard code: once more, as the
-                # driver scripts' tests do (gg_testing.ray_start; the CI run of 68cf2ab lost every test here to it)
-                if attempt == 2 or RAY_START_TIMED_OUT not in str(exc):
-                    raise
-                ray.shutdown()
+        init_in_this_process(ray, num_gpus=8, num_cpus=16, include_dashboard=False, object_store_memory=100 * 2**20,
+                             log_to_driver=False, runtime_env={"env_vars": env_vars})
     try:
         yield fake_gpus.topology("h100x8")
     finally:

@@ -16,7 +16,7 @@ import pytest
 from gg_testing import launch
 from gg_testing.env import scrubbed
 from gg_testing.paths import ROOT
-from gg_testing.ray_start import ray_start_timed_out, until_a_driver_joins
+from gg_testing.ray_start import init_in_this_process, ray_start_timed_out, until_a_driver_joins
 
 ray = pytest.importorskip("ray")
 
@@ -102,8 +102,8 @@ def test_a_gpuguard_error_raised_in_an_actor_reaches_ray_get_with_its_class_mess
             raise gpuguard.DuplicateDeviceError("ranks 0 and 1 share GPU-1. Fix: one GPU per rank",
                                                 fix="Fix: one GPU per rank", ranks=[0, 1], uuid="GPU-1")
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": fake_gpus.env("h100x1")["PYTHONPATH"]}})
+    init_in_this_process(ray, num_cpus=1, include_dashboard=False, log_to_driver=False,
+                         runtime_env={"env_vars": {"PYTHONPATH": fake_gpus.env("h100x1")["PYTHONPATH"]}})
     try:
         with pytest.raises(gpuguard.DuplicateDeviceError) as caught:
             rank = Rank.remote()  # held: Ray 2.43 loses an actor whose only handle was a temporary
