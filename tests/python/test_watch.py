@@ -1,7 +1,9 @@
 """gpuguard.watch() under a real torchrun (gloo on the CPU): 3 ranks on one agent, rank 2 the stuck one; 4 on several
 agents, as on that many nodes (a killed rank, the per-node tier); the 10,000-step healthy loop on 2. Every rank
-prints one report naming the stuck rank, its collective, where it was issued and where each CPU waits, within the
-stall threshold, the window in which it gathers the ranks' states (here the threshold again) and 15 s.
+prints one report of each stall, naming the stuck rank, its collective, where it was issued and where each CPU
+waits, within the stall threshold, the window in which it gathers the ranks' states (here the threshold again) and
+15 s. Four of the scenarios run in one job, one after another (the chained job, `chained`): a watch reports each
+stall of a job that goes on.
 Progress comes from torch's flight recorder (asynchronous collectives and DDP's own all-reduce included), or from
 the wrappers where it is not used; the fake NCCL, asynchronous like the real one, stands in for a hung or
 peer-blind NCCL. The worker is tests/python/watch_worker.py."""
@@ -16,7 +18,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Union
 
 import pytest
 
@@ -76,19 +80,21 @@ class Job:
                 out[int(re.search(r"rank(\d+)", path.name).group(1))] = json.loads(text)
         return out
 
-    def wait_for_reports(self, ranks: set[int], timeout: float = 150) -> dict[int, dict]:
-        """Waits for each of `ranks` to report the scenario's stall, then releases the stuck rank; fails, naming
-        what came, when they have not within `timeout` s of this call, nor within REPORT_WITHIN + 30 s of the
-        stall's start (its mark): the job's start (torchrun, its ranks importing torch beside CI's other lane) is
-        not the subject, and a release before the reports would make them describe a job that moved on. A
-        "rank_slow" report is the loaded machine's, not the scenario's (no scenario stages one): a rank that got
-        no CPU for the threshold while a peer completed the collective, reported truthfully; the scenario's report
-        comes later and replaces it in the rank's file, so the wait goes on for that."""
+    def wait_for_reports(self, ranks: set[int], timeout: float = 150, seq: Optional[int] = None) -> "Snapshot":
+        """Waits for each of `ranks` to report the scenario's stall (of collective `seq`, where given: a chained
+        job's stage), then releases the stuck rank and returns the job as it was before (the next stage's stall
+        starts at once); fails, naming what came, when they have not within `timeout` s of this call, nor within
+        REPORT_WITHIN + 30 s of the stall's start (its mark): the job's start (torchrun, its ranks importing torch
+        beside CI's other lane) is not the subject, and a release before the reports would make them describe a
+        job that moved on. A "rank_slow" report is the loaded machine's, not the scenario's (no scenario stages
+        one): a rank that got no CPU for the threshold while a peer completed the collective, reported truthfully;
+        the scenario's report comes later and replaces it in the rank's file, so the wait goes on for that."""
         called = time.monotonic()
 
         def scenario_reports() -> dict[int, dict]:
             return {rank: report for rank, report in self.reports().items()
-                    if report["gpuguard_stall"]["kind"] != "rank_slow"}
+                    if report["gpuguard_stall"]["kind"] != "rank_slow"
+                    and (seq is None or report["gpuguard_stall"]["seq"] == seq)}
 
         def out_of_time() -> bool:
             marks = list(self.dir.glob("stall_start*"))
@@ -108,8 +114,11 @@ class Job:
         # once every file's JSON is in the output, so is every report (bounded: the assertions say what is missing)
         texts = [p.read_text().strip() for p in self.dir.glob("gpuguard-stall-rank*-pid*.json")]
         wait_until(lambda: all(text in self.output() for text in texts if text), 10, what=None)
+        snapshot = Snapshot(self.world, self.reports(), self.output(),
+                            {rank: self.report_time(rank) for rank in ranks},
+                            {mark.name: float(mark.read_text()) for mark in self.dir.glob("stall_start*")})
         self.release()
-        return self.reports()
+        return snapshot
 
     def output(self) -> str:
         return "\n".join(job.stdout() for job in self.jobs)
@@ -137,6 +146,29 @@ class Job:
         return next(self.dir.glob(f"gpuguard-stall-rank{rank}-pid*.json")).stat().st_mtime
 
 
+@dataclass
+class Snapshot:
+    """A job as Job.wait_for_reports found it once every rank had reported: what the checks read from a Job (its
+    reports, output, their times, the stall's start), kept while the job goes on to its next stall."""
+    world: int
+    saved_reports: dict[int, dict]
+    saved_output: str
+    report_times: dict[int, float]
+    marks: dict[str, float]  # the stall's start, as the worker marked it (stall_start, or one per rank)
+
+    def reports(self) -> dict[int, dict]:
+        return self.saved_reports
+
+    def output(self) -> str:
+        return self.saved_output
+
+    def report_time(self, rank: int) -> float:
+        return self.report_times[rank]
+
+    def stall_start(self, name: str = "stall_start") -> float:
+        return self.marks[name]
+
+
 def rank_reports(output: str, rank: int) -> list[str]:
     """The report rank `rank` printed: its first line and the indented lines that follow."""
     lines = output.splitlines()
@@ -152,7 +184,8 @@ def rank_reports(output: str, rank: int) -> list[str]:
     return found
 
 
-def check_on_every_rank(job: Job, output: str, ranks: set[int], kind: str, *needles: str) -> dict[int, dict]:
+def check_on_every_rank(job: Union[Job, Snapshot], output: str, ranks: set[int], kind: str,
+                        *needles: str) -> dict[int, dict]:
     reports = job.reports()
     assert ranks <= set(reports), output[-6000:]
     for rank in ranks:
@@ -204,44 +237,77 @@ def test_the_helpers_wait_past_a_loaded_machines_rank_slow_report_for_the_scenar
     job.jobs = [launch.Job([sys.executable, "-c", TWO_REPORTS, str(job.dir)], scrubbed({}), tmp_path,
                            merge_output=True)]
     job.procs = [j.proc for j in job.jobs]
-    assert job.wait_for_reports({0}, timeout=30)[0]["gpuguard_stall"]["kind"] == "rank_behind"
+    assert job.wait_for_reports({0}, timeout=30).reports()[0]["gpuguard_stall"]["kind"] == "rank_behind"
     output = job.end(timeout=30)
     assert job.procs[0].returncode == 0, output  # released once the scenario's report came
     assert len(rank_reports(output, 0)) == 2
     check_on_every_rank(job, output, {0}, "rank_behind", "rank 2 never entered ALL_REDUCE #5", "the stack")
 
 
-def assert_reported_in_time(job: Job, ranks) -> None:
+def assert_reported_in_time(job: Union[Job, Snapshot], ranks) -> None:
     """Each rank's report came within the stall threshold, the gather window and 15 s of the stall's start (the
     promise above; the worker's gather window is the threshold)."""
     late = {rank: round(job.report_time(rank) - job.stall_start(), 1) for rank in ranks}
     assert max(late.values()) <= REPORT_WITHIN, f"seconds from the stall's start to each rank's report: {late}"
 
 
-def behind(job: Job, output: str, marker: str) -> None:
+def behind(job: Union[Job, Snapshot], output: str, marker: str, seq: int = 5) -> None:
     line = worker_line(marker)
     reports = check_on_every_rank(
         job, output, {0, 1, 2}, "rank_behind",
-        "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-2); ranks 0, 1 have waited in it",
-        "its last collective there was ALL_REDUCE #4 (float32[4])",
+        f"rank 2 never entered ALL_REDUCE #{seq} on group 'default_pg' (ranks 0-2); ranks 0, 1 have waited in it",
+        f"its last collective there was ALL_REDUCE #{seq - 1} (float32[4])",
         f'File "{WORKER}", line {line} in <module>')
     stall = reports[0]["gpuguard_stall"]
-    assert (stall["seq"], stall["op"], stall["stuck_ranks"], stall["waiting_ranks"]) == (5, "ALL_REDUCE", [2],
+    assert (stall["seq"], stall["op"], stall["stuck_ranks"], stall["waiting_ranks"]) == (seq, "ALL_REDUCE", [2],
                                                                                           [0, 1])
     assert f"line {line} in <module>" in stall["stack"]
     assert_reported_in_time(job, range(3))
 
 
+# The chained job: rank 2 stalls these ways one after another, each the 5th all-reduce of its stage (collectives 5,
+# 10, 15, 20), released by the test once every rank has reported; desync last, as nothing goes on after it. One
+# job, not four: each job costs CI a torchrun agent and 3 ranks importing torch (about 20 CPU-s on torch 2.15), and
+# a watch must report the next stall after one it reported, which only a job that goes on shows.
+CHAIN = ("behind_python", "behind_gil", "async_wait", "desync")
+CHAIN_TIMEOUT_S = 600  # pytest-timeout's bound on its first test, which waits for the four stages (about 100 s)
+
+
+@pytest.fixture(scope="module")
+def chained(fake_gpus, tmp_path_factory) -> dict[str, Union[Snapshot, str]]:
+    """Each stage of the chained job as its reports left it, or why they did not come."""
+    job = Job(",".join(CHAIN), tmp_path_factory.mktemp("chained"), fake_gpus.env("h100x4"))
+    stages: dict[str, Union[Snapshot, str]] = {}
+    try:
+        for number, scenario in enumerate(CHAIN, 1):
+            try:
+                stages[scenario] = job.wait_for_reports({0, 1, 2}, seq=5 * number)
+            except pytest.fail.Exception as failed:
+                stages[scenario] = str(failed)
+                break
+    finally:
+        job.end(timeout=1)
+    for scenario in CHAIN:
+        stages.setdefault(scenario, f"the chained job never reached {scenario}: an earlier stage failed")
+    return stages
+
+
+def stage(chained: dict[str, Union[Snapshot, str]], scenario: str) -> Snapshot:
+    got = chained[scenario]
+    if isinstance(got, str):
+        pytest.fail(got, pytrace=False)
+    return got
+
+
 @pytest.mark.follows_torch
 @pytest.mark.slow
-def test_rank_behind_sleeping_in_python_is_named_with_its_stack(fake_gpus, tmp_path):
-    job = Job("behind_python", tmp_path, fake_gpus.env("h100x4"))
-    job.wait_for_reports({0, 1, 2})
-    output = job.end()
-    behind(job, output, "# rank 2 sleeps here")
-    assert job.procs[0].returncode == 0, "report mode must never stop the job"
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_rank_behind_sleeping_in_python_is_named_with_its_stack(fake_gpus, chained):
+    job = stage(chained, "behind_python")
+    behind(job, job.output(), "# rank 2 sleeps here", seq=5)
+    assert isinstance(chained["behind_gil"], Snapshot), "report mode must never stop the job: it went on to stall again"
     # what the job printed is what `gpuguard explain` is pasted: it reads the stall report back
-    explained = subprocess.run([sys.executable, "-m", "gpuguard", "explain", "-"], input=output, text=True,
+    explained = subprocess.run([sys.executable, "-m", "gpuguard", "explain", "-"], input=job.output(), text=True,
                                capture_output=True, env=scrubbed(fake_gpus.env("h100x4")), timeout=120)
     assert explained.returncode == 0, explained.stderr
     assert "Rank 2 never entered ALL_REDUCE #5 on group 'default_pg'" in explained.stdout, explained.stdout
@@ -279,15 +345,15 @@ def progress_note() -> str:
 
 @pytest.mark.follows_torch
 @pytest.mark.slow
-def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_flight_recorder(fake_gpus, tmp_path):
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_flight_recorder(chained):
     # the shape of every NCCL collective: the call returns at once, the CPU waits later (here in work.wait())
-    job = Job("async_wait", tmp_path, fake_gpus.env("h100x4"))
-    job.wait_for_reports({0, 1, 2})
-    output = job.end()
-    issued, waits = worker_line("# the async all-reduce"), worker_line("# the others' CPU waits here")
+    job = stage(chained, "async_wait")
+    output = job.output()
+    issued, waits = worker_line("# the async_wait all-reduce"), worker_line("# the others' CPU waits here")
     reports = check_on_every_rank(
         job, output, {0, 1, 2}, "rank_behind",
-        "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-2); ranks 0, 1 have waited in it",
+        "rank 2 never entered ALL_REDUCE #15 on group 'default_pg' (ranks 0-2); ranks 0, 1 have waited in it",
         f"ranks 0, 1 issued it at {WORKER}:{issued}; their CPU waits now: rank 0 at {WORKER}:{waits} in <module>",
         f"rank 2 is at {WORKER}:{worker_line('# rank 2 sleeps (async scenario)')} in <module>:",
         progress_note())
@@ -337,7 +403,7 @@ def test_without_the_flight_recorder_the_wrappers_see_an_async_all_reduce_and_sa
     check_on_every_rank(
         job, output, {0, 1, 2}, "rank_behind",
         "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-2)",
-        f"ranks 0, 1 issued it at {WORKER}:{worker_line('# the async all-reduce')};",
+        f"ranks 0, 1 issued it at {WORKER}:{worker_line('# the async_wait all-reduce')};",
         "(progress from gpuguard's wrappers of torch.distributed's collective functions and w.collective(): "
         "complete when the call returned, when an async_op work completed, or when the CUDA event after a "
         "w.collective(stream=...) did; torch's flight recorder is not used: GPUGUARD_WATCH_SOURCE=wrappers)")
@@ -354,7 +420,7 @@ def test_gpuguard_run_with_gpuguard_watch_takes_the_same_path(fake_gpus, tmp_pat
     check_on_every_rank(
         job, output, {0, 1, 2}, "rank_behind",
         "rank 2 never entered ALL_REDUCE #5 on group 'default_pg' (ranks 0-2)",
-        f"ranks 0, 1 issued it at {WORKER}:{worker_line('# the async all-reduce')};",
+        f"ranks 0, 1 issued it at {WORKER}:{worker_line('# the async_wait all-reduce')};",
         progress_note())
 
 
@@ -371,11 +437,10 @@ def test_healthy_ddp_loop_never_reports(fake_gpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_rank_behind_blocked_in_c_holding_the_gil_is_named_with_its_stack(fake_gpus, tmp_path):
-    job = Job("behind_gil", tmp_path, fake_gpus.env("h100x4"))
-    job.wait_for_reports({0, 1, 2})
-    output = job.end()
-    behind(job, output, "# a C call that keeps the GIL")
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_rank_behind_blocked_in_c_holding_the_gil_is_named_with_its_stack(chained):
+    job = stage(chained, "behind_gil")
+    behind(job, job.output(), "# a C call that keeps the GIL", seq=10)
 
 
 @pytest.mark.slow
@@ -390,16 +455,15 @@ def test_on_stall_raise_ends_every_rank_with_the_report_and_exit_code_75(fake_gp
 
 @pytest.mark.follows_torch
 @pytest.mark.slow
-def test_desync_names_both_collectives(fake_gpus, tmp_path):
-    job = Job("desync", tmp_path, fake_gpus.env("h100x4"))
-    job.wait_for_reports({0, 1, 2})
-    output = job.end(timeout=1)
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_desync_names_both_collectives(chained):
+    job = stage(chained, "desync")
     reports = check_on_every_rank(
-        job, output, {0, 1, 2}, "desync",
-        "desync on collective #5 of group 'default_pg' (ranks 0-2)",
-        f"ranks 0, 1 called ALL_REDUCE #5 (float32[4]) at "
+        job, job.output(), {0, 1, 2}, "desync",
+        "desync on collective #20 of group 'default_pg' (ranks 0-2)",
+        f"ranks 0, 1 called ALL_REDUCE #20 (float32[4]) at "
         f"{WORKER}:{worker_line('# the async all-reduce of the scenarios')}",
-        f"rank 2 called BROADCAST #5 (float32[4]) at {WORKER}:{worker_line('dist.broadcast(t, src=0')}")
+        f"rank 2 called BROADCAST #20 (float32[4]) at {WORKER}:{worker_line('dist.broadcast(t, src=0')}")
     assert reports[1]["gpuguard_stall"]["stuck_ranks"] == [2]
 
 

@@ -1,17 +1,18 @@
-"""A torchrun worker for test_watch.py: its ranks on gloo under gpuguard.watch(), one stall scenario (argv[1]).
+"""A torchrun worker for test_watch.py: its ranks on gloo under gpuguard.watch(), stall scenarios (argv[1]: one, or
+several separated by commas, one after another: the chained job).
 
-`async_wait`: every step is `work = dist.all_reduce(t, async_op=True); work.wait()`, the shape of every NCCL
-collective (it returns once enqueued); rank 2 sleeps in Python before the 5th. `ddp`: a DistributedDataParallel
-loop, whose gradient all-reduce DDP's C++ reducer issues; rank 2 sleeps before step 4's backward. `healthy_ddp`
-runs argv[3] DDP steps and must never report.
-
-Rank 2 misbehaves before the 5th all-reduce: it sleeps in Python (behind_python), sleeps in a C call that holds
-the GIL (behind_gil), stops itself (stopped), dies (killed), calls broadcast instead (desync); `nccl_hang`
-runs every rank's 5th all-reduce through the fake NCCL as a PyNccl user calls it (FakePyNccl), marked with
-w.collective(stream=...): it returns at once and never completes (h100x4_nccl_hang_all_reduce), and the CPU
-waits in synchronize(); `killed` has ranks 0, 1, 3 wait the same way for the dead rank 2 (gloo would name the
-dead peer itself, NCCL does not); `healthy` runs argv[3] steps (then idles argv[4] seconds, if given) and must
-never report.
+Each scenario is a stage of 5 all-reduces, and rank 2 misbehaves before the 5th (collective 5, then 10, 15...): it
+sleeps in Python (behind_python), sleeps in a C call that holds the GIL (behind_gil), stops itself (stopped), dies
+(killed), calls broadcast instead (desync). A sleeping rank holds until the test releases it (SIGUSR1), and the job
+goes on to the next stage. `async_wait`: every all-reduce of the stage is `work = dist.all_reduce(t,
+async_op=True); work.wait()`, the shape of every NCCL collective (it returns once enqueued); rank 2 sleeps in
+Python before the 5th. `nccl_hang` runs every rank's 5th all-reduce through the fake NCCL as a PyNccl user calls
+it (FakePyNccl), in a w.collective(stream=...) block: it returns at once and never completes
+(h100x4_nccl_hang_all_reduce), and the CPU waits in synchronize(); `killed` has ranks 0, 1, 3 wait the same way
+for the dead rank 2 (gloo would name the dead peer itself, NCCL does not). Two more all-reduces end the job.
+`ddp`: a DistributedDataParallel loop, whose gradient all-reduce DDP's C++ reducer issues; rank 2 sleeps before
+step 4's backward. `healthy_ddp` runs argv[3] DDP steps and must never report; `healthy` runs argv[3] all-reduces
+(then idles argv[4] seconds, if given) and must never report.
 """
 
 import contextlib
@@ -99,19 +100,6 @@ if scenario in ("ddp", "healthy_ddp"):
     dist.destroy_process_group()
     sys.exit(0)
 
-if scenario == "async_wait":
-    for i in range(1, 8):
-        if rank == 2 and i == 5:
-            mark("stall_start")
-            with until_released():
-                time.sleep(hold)  # rank 2 sleeps (async scenario)
-        work = dist.all_reduce(t, async_op=True)  # the async all-reduce: returns at once, like NCCL's
-        work.wait()  # the others' CPU waits here
-    print(f"rank {rank}: done", flush=True)
-    w.stop()
-    dist.destroy_process_group()
-    sys.exit(0)
-
 if scenario == "healthy":
     for step in range(int(sys.argv[3])):
         dist.all_reduce(t)
@@ -126,31 +114,40 @@ if scenario == "healthy":
     sys.exit(0)
 
 comm = pynccl() if scenario in ("killed", "nccl_hang") else None
-for i in range(1, 8):
-    if i == 5 and scenario == "killed" and rank != 2:  # NCCL, unlike gloo, does not notice a dead peer
+stages = scenario.split(",")
+for i in range(1, 5 * len(stages) + 3):
+    stage = stages[min((i - 1) // 5, len(stages) - 1)]
+    stall = i % 5 == 0 and i <= 5 * len(stages)  # the stage's 5th all-reduce
+    if stall and stage == "killed" and rank != 2:  # NCCL, unlike gloo, does not notice a dead peer
         mark(f"stall_start.{rank}")
         nccl_all_reduce(comm)
         continue
-    if i == 5 and scenario == "nccl_hang":
+    if stall and stage == "nccl_hang":
         mark(f"stall_start.{rank}")
         nccl_all_reduce(comm)
         continue
-    if rank == 2 and i == 5:
+    if stall and rank == 2:
         mark("stall_start")
-        if scenario == "behind_python":
+        if stage == "behind_python":
             with until_released():
                 time.sleep(hold)  # rank 2 sleeps here
-        elif scenario == "behind_gil":
+        elif stage == "behind_gil":
             with until_released():  # the signal ends sleep(3) early; the handler raises once it returns
                 ctypes.PyDLL("libc.so.6").sleep(int(hold))  # a C call that keeps the GIL
-        elif scenario == "stopped":
+        elif stage == "async_wait":
+            with until_released():
+                time.sleep(hold)  # rank 2 sleeps (async scenario)
+        elif stage == "stopped":
             os.kill(os.getpid(), signal.SIGSTOP)
-        elif scenario == "killed":
+        elif stage == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
-        elif scenario == "desync":
+        elif stage == "desync":
             dist.broadcast(t, src=0, async_op=True).wait()  # where the others all-reduce
             continue
-    if scenario in ("desync", "stopped"):  # asynchronous, as every NCCL collective is
+    if stage == "async_wait":
+        work = dist.all_reduce(t, async_op=True)  # the async_wait all-reduce: returns at once, like NCCL's
+        work.wait()  # the others' CPU waits here
+    elif stage in ("desync", "stopped"):  # asynchronous, as every NCCL collective is
         dist.all_reduce(t, async_op=True).wait()  # the async all-reduce of the scenarios
     else:
         dist.all_reduce(t)  # the all-reduce of the scenarios
