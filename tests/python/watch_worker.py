@@ -113,11 +113,12 @@ if scenario == "healthy":
     dist.destroy_process_group()
     sys.exit(0)
 
-comm = pynccl() if scenario in ("killed", "nccl_hang") else None
+STAGE = 5  # all-reduces a stage: its last is the stall (test_watch expects collectives 5, 10, 15...)
 stages = scenario.split(",")
-for i in range(1, 5 * len(stages) + 3):
-    stage = stages[min((i - 1) // 5, len(stages) - 1)]
-    stall = i % 5 == 0 and i <= 5 * len(stages)  # the stage's 5th all-reduce
+comm = pynccl() if {"killed", "nccl_hang"} & set(stages) else None
+for i in range(1, STAGE * len(stages) + 3):
+    stage = stages[min((i - 1) // STAGE, len(stages) - 1)]
+    stall = i % STAGE == 0 and i <= STAGE * len(stages)  # the stage's last all-reduce
     if stall and stage == "killed" and rank != 2:  # NCCL, unlike gloo, does not notice a dead peer
         mark(f"stall_start.{rank}")
         nccl_all_reduce(comm)
