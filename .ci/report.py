@@ -3,8 +3,8 @@ costing the most CPU, then the failed tests.
 
     python3 .ci/report.py OUT_DIR [N]
 
-OUT_DIR holds steps.tsv (corner, step, seconds, exit status, % of the machine's CPU time busy: one line a step,
-written by .ci/run) and the JUnit XML files pytest wrote there (junit-*.xml), with each test's CPU seconds where
+OUT_DIR holds steps.tsv (corner, step, seconds, exit status, % of the machine's CPU time busy, second of CI it
+started at: one line a step, written by .ci/run) and the JUnit XML files pytest wrote there (junit-*.xml), with each test's CPU seconds where
 tests/gg_testing/cpu_time.py recorded them (this machine is CPU-bound: wall times say more about a test's
 neighbours). Last come the failed tests, each with the statement that failed and its error, so that the end of
 CI's log (often all that is kept of it) says why. Standard library only: it runs with whatever python3 the
@@ -18,13 +18,15 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 
-def steps(out: Path) -> list[tuple[str, str, int, int, str]]:
+def steps(out: Path) -> list[tuple[str, str, int, int, str, str]]:
+    """(corner, step, seconds, exit status, "busy %", second it started at) for each step, in the order they ended."""
     rows = []
     path = out / "steps.tsv"
     if path.exists():
         for line in path.read_text().splitlines():
-            corner, step, seconds, status, *busy = line.split("\t")
-            rows.append((corner, step, int(seconds), int(status), f"{busy[0]}%" if busy else ""))
+            corner, step, seconds, status, *rest = line.split("\t")
+            busy = f"{rest[0]}%" if rest else ""
+            rows.append((corner, step, int(seconds), int(status), busy, rest[1] if len(rest) > 1 else ""))
     return rows
 
 
@@ -91,10 +93,11 @@ def main() -> None:
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     rows = steps(out)
     print("\nci: where the time went")
-    print(f"{'corner':<8} {'step':<44} {'seconds':>8} {'CPU busy':>8}  status")
+    print(f"{'corner':<8} {'step':<44} {'seconds':>8} {'CPU busy':>8} {'from s':>7}  status")
     corners: dict[str, int] = {}
-    for corner, step, seconds, status, busy in rows:
-        print(f"{corner:<8} {step:<44} {seconds:>8} {busy:>8}  {'ok' if status == 0 else f'FAILED ({status})'}")
+    for corner, step, seconds, status, busy, started in rows:
+        print(f"{corner:<8} {step:<44} {seconds:>8} {busy:>8} {started:>7}  "
+              f"{'ok' if status == 0 else f'FAILED ({status})'}")
         corners[corner] = corners.get(corner, 0) + seconds
     for corner, seconds in corners.items():
         print(f"{corner:<8} {'(corner total)':<44} {seconds:>8}")
