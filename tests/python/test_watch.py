@@ -3,7 +3,7 @@ agents, as on that many nodes (a killed rank, the per-node tier); the 10,000-ste
 prints one report of each stall, naming the stuck rank, its collective, where it was issued and where each CPU
 waits, within the stall threshold, the window in which it gathers the ranks' states (here the threshold again) and
 15 s. Four of the scenarios run in one job, one after another (the chained job, `chained`): a watch reports each
-stall of a job that goes on.
+stall of a job that goes on; so do the healthy DDP loop and the DDP stall (`ddp_chained`).
 Progress comes from torch's flight recorder (asynchronous collectives and DDP's own all-reduce included), or from
 the wrappers where it is not used; the fake NCCL, asynchronous like the real one, stands in for a hung or
 peer-blind NCCL. The worker is tests/python/watch_worker.py."""
@@ -364,29 +364,74 @@ def test_async_all_reduce_left_waiting_by_a_sleeping_rank_is_reported_from_the_f
     assert "gpuguard-watch-sites" not in output and "recorder.py" not in stall["stack"], "our own thread is no news"
 
 
+# The DDP job: the healthy loop, then rank 2 sleeping before a backward, one after the other on one model. One job,
+# not two: each costs CI a torchrun agent and 3 ranks importing torch and building DDP (which imports Dynamo, about
+# 2.5 CPU-s a rank on torch 2.15), and a watch quiet through the healthy steps must still report the stall after them.
+HEALTHY_DDP_STEPS = 300
+
+
+@dataclass
+class DdpChain:
+    """The DDP job as each of its two stages left it, or why a stage did not come."""
+    healthy: Union[Snapshot, str]  # once every rank printed the end of its healthy steps
+    stall: Union[Snapshot, str]  # once every rank reported the stall; without the recorder, its threshold + 10 s on
+    output: str  # the whole job's, once it ended
+    returncode: Optional[int]
+
+
+@pytest.fixture(scope="module")
+def ddp_chained(fake_gpus, tmp_path_factory) -> DdpChain:
+    job = Job("healthy_ddp,ddp", tmp_path_factory.mktemp("ddp"), fake_gpus.env("h100x4"),
+              extra=(str(HEALTHY_DDP_STEPS),))
+    stall: Union[Snapshot, str] = "the DDP job never reached its stall: its healthy steps did not end"
+    try:
+        ended = wait_until(lambda: all(f"rank {rank}: healthy_ddp done," in job.output() for rank in range(3))
+                           or job.procs[0].poll() is not None, CHAIN_TIMEOUT_S / 2, what=None)
+        if ended and job.procs[0].poll() is None:
+            # no stall report can be there yet: rank 2 stalls 3 steps later, and reports come its threshold after that
+            healthy: Union[Snapshot, str] = Snapshot(job.world, job.reports(), job.output(), {}, {})
+            stall = ddp_stall(job)
+        else:
+            healthy = (f"the DDP job {'ended' if ended else 'was still running'} before every rank ended its "
+                       f"healthy steps:\n{job.output()[-6000:]}")
+    finally:
+        output = job.end(timeout=300 if isinstance(stall, Snapshot) else 1)  # released: it ends by itself
+    return DdpChain(healthy, stall, output, job.procs[0].returncode)
+
+
+def ddp_stall(job: Job) -> Union[Snapshot, str]:
+    """The stall's reports; where the recorder cannot be read (DDP's reducer calls C++ directly, so no wrapper sees
+    its all-reduce), the job once rank 2 has held it for the threshold and 10 s more (several ticks, in which a
+    report would have come), released."""
+    if not gloo_recorder_missing():
+        try:
+            return job.wait_for_reports({0, 1, 2})
+        except pytest.fail.Exception as failed:
+            return str(failed)
+    if not wait_until(lambda: (job.dir / "stall_start").exists(), 150, what=None):
+        return "rank 2 never started its stall"
+    time.sleep(max(0.0, job.stall_start() + STALL_AFTER + 10 - time.time()))
+    snapshot = Snapshot(job.world, job.reports(), job.output(), {}, {"stall_start": job.stall_start()})
+    job.release()
+    return snapshot
+
+
 @pytest.mark.follows_torch
 @pytest.mark.slow
-def test_ddp_gradient_all_reduce_waiting_for_a_sleeping_rank_is_named_as_ddps(fake_gpus, tmp_path):
-    job = Job("ddp", tmp_path, fake_gpus.env("h100x4"))
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_ddp_gradient_all_reduce_waiting_for_a_sleeping_rank_is_named_as_ddps(ddp_chained):
+    job = stage({"ddp": ddp_chained.stall}, "ddp")
     missing = gloo_recorder_missing()
-    if missing:  # DDP's reducer calls C++ directly: without the recorder no wrapper sees it, and rank 0 says so
-        # the subject is a stall that goes unreported: rank 2 holds it for the threshold and 10 s more (several
-        # ticks, in which a report would have come), then is released and the job ends
-        wait_until(lambda: (job.dir / "stall_start").exists(), 150, what="rank 2's stall")
-        time.sleep(max(0.0, job.stall_start() + STALL_AFTER + 10 - time.time()))
-        job.release()
-        output = job.end(timeout=300)
-        assert not job.reports() and "collective stall" not in output, output[-4000:]
+    if missing:  # the subject is a stall that goes unreported, and rank 0 saying why
+        assert not job.reports() and "collective stall" not in job.output(), job.output()[-4000:]
         assert (f"gpuguard.watch: torch's flight recorder is not used (backend 'gloo': {missing}), so progress "
                 f"comes from gpuguard's wrappers of torch.distributed's Python collective functions: a stall in a "
                 f"collective issued from C++ (DDP's gradient all-reduce, FSDP's all-gathers and reduce-scatters) "
-                f"is not reported") in output, output[-4000:]
+                f"is not reported") in ddp_chained.output, ddp_chained.output[-4000:]
         return
-    job.wait_for_reports({0, 1, 2})
-    output = job.end()
     backward = worker_line("# DDP's reducer all-reduces the gradients in here")
     reports = check_on_every_rank(
-        job, output, {0, 1, 2}, "rank_behind", "rank 2 never entered ALL_REDUCE #",
+        job, job.output(), {0, 1, 2}, "rank_behind", "rank 2 never entered ALL_REDUCE #",
         f"ranks 0, 1 issued it at {WORKER}:{backward} (the backward pass: DDP's gradient all-reduce, from its C++ "
         f"reducer); their CPU waits now: rank 0 at ",
         f"_engine_run_backward, called from {WORKER}:{backward} in <module>",
@@ -427,14 +472,15 @@ def test_gpuguard_run_with_gpuguard_watch_takes_the_same_path(fake_gpus, tmp_pat
 
 @pytest.mark.follows_torch
 @pytest.mark.slow
-def test_healthy_ddp_loop_never_reports(fake_gpus, tmp_path):
-    job = Job("healthy_ddp", tmp_path, fake_gpus.env("h100x4"), extra=("300",))
-    output = job.end(timeout=300)
-    assert job.procs[0].returncode == 0, output[-4000:]
-    assert "collective stall" not in output
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_healthy_ddp_loop_never_reports(ddp_chained):
+    healthy = stage({"healthy_ddp": ddp_chained.healthy}, "healthy_ddp")
+    assert "collective stall" not in healthy.output()
     for rank in range(3):
-        assert f"rank {rank}: healthy_ddp done, 0 reports" in output
-    assert not job.reports()
+        assert f"rank {rank}: healthy_ddp done, 0 reports" in healthy.output(), healthy.output()[-4000:]
+    assert not healthy.reports()
+    # and the job went on, through the stall once released, to its end
+    assert ddp_chained.returncode == 0, ddp_chained.output[-4000:]
 
 
 @pytest.mark.slow

@@ -11,8 +11,9 @@ it (FakePyNccl), in a w.collective(stream=...) block: it returns at once and nev
 (h100x4_nccl_hang_all_reduce), and the CPU waits in synchronize(); `killed` has ranks 0, 1, 3 wait the same way
 for the dead rank 2 (gloo would name the dead peer itself, NCCL does not). Two more all-reduces end the job.
 `ddp`: a DistributedDataParallel loop, whose gradient all-reduce DDP's C++ reducer issues; rank 2 sleeps before
-step 4's backward. `healthy_ddp` runs argv[3] DDP steps and must never report; `healthy` runs argv[3] all-reduces
-(then idles argv[4] seconds, if given) and must never report.
+step 4's backward. `healthy_ddp` runs argv[3] DDP steps and must never report. The two chain as the others do
+(`healthy_ddp,ddp`: one model, the stall after the healthy steps), each printing "rank R: <stage> done, N reports" at
+its end. `healthy` runs argv[3] all-reduces (then idles argv[4] seconds, if given) and must never report.
 """
 
 import contextlib
@@ -83,19 +84,20 @@ def nccl_all_reduce(comm) -> None:
     comm.synchronize()  # the CPU waits here, as in torch.cuda.synchronize()
 
 
-if scenario in ("ddp", "healthy_ddp"):
+if scenario.split(",")[0] in ("ddp", "healthy_ddp"):
     from torch.nn.parallel import DistributedDataParallel
     model = DistributedDataParallel(torch.nn.Linear(8, 8))
     x = torch.ones(2, 8)
-    steps = int(sys.argv[3]) if scenario == "healthy_ddp" else 6
-    for step in range(1, steps + 1):
-        loss = model(x).sum()
-        if scenario == "ddp" and rank == 2 and step == 4:
-            mark("stall_start")
-            with until_released():
-                time.sleep(hold)  # rank 2 sleeps before its backward
-        loss.backward()  # DDP's reducer all-reduces the gradients in here
-    print(f"rank {rank}: {scenario} done, {w.reports} reports", flush=True)
+    for ddp_stage in scenario.split(","):
+        steps = int(sys.argv[3]) if ddp_stage == "healthy_ddp" else 6
+        for step in range(1, steps + 1):
+            loss = model(x).sum()
+            if ddp_stage == "ddp" and rank == 2 and step == 4:
+                mark("stall_start")
+                with until_released():
+                    time.sleep(hold)  # rank 2 sleeps before its backward
+            loss.backward()  # DDP's reducer all-reduces the gradients in here
+        print(f"rank {rank}: {ddp_stage} done, {w.reports} reports", flush=True)
     w.stop()
     dist.destroy_process_group()
     sys.exit(0)
