@@ -84,11 +84,12 @@ def nccl_all_reduce(comm) -> None:
     comm.synchronize()  # the CPU waits here, as in torch.cuda.synchronize()
 
 
-if scenario.split(",")[0] in ("ddp", "healthy_ddp"):
+stages = scenario.split(",")
+if stages[0] in ("ddp", "healthy_ddp"):
     from torch.nn.parallel import DistributedDataParallel
     model = DistributedDataParallel(torch.nn.Linear(8, 8))
     x = torch.ones(2, 8)
-    for ddp_stage in scenario.split(","):
+    for ddp_stage in stages:
         steps = int(sys.argv[3]) if ddp_stage == "healthy_ddp" else 6
         for step in range(1, steps + 1):
             loss = model(x).sum()
@@ -116,7 +117,6 @@ if scenario == "healthy":
     sys.exit(0)
 
 STAGE = 5  # all-reduces a stage: its last is the stall (test_watch expects collectives 5, 10, 15...)
-stages = scenario.split(",")
 comm = pynccl() if {"killed", "nccl_hang"} & set(stages) else None
 for i in range(1, STAGE * len(stages) + 3):
     stage = stages[min((i - 1) // STAGE, len(stages) - 1)]
