@@ -2,8 +2,9 @@
 agents, as on that many nodes (a killed rank, the per-node tier); the 10,000-step healthy loop on 2. Every rank
 prints one report of each stall, naming the stuck rank, its collective, where it was issued and where each CPU
 waits, within the stall threshold, the window in which it gathers the ranks' states (here the threshold again) and
-15 s. Four of the scenarios run in one job, one after another (the chained job, `chained`): a watch reports each
-stall of a job that goes on; so do the healthy DDP loop and the DDP stall (`ddp_chained`).
+15 s. Five of the scenarios run in one job, one after another (the chained job, `chained`): a watch reports each
+stall of a job that goes on; so do the healthy DDP loop and the DDP stall (`ddp_chained`), and the node tier's
+healthy loop and its stopped leader (`node_tier_chained`).
 Progress comes from torch's flight recorder (asynchronous collectives and DDP's own all-reduce included), or from
 the wrappers where it is not used; the fake NCCL, asynchronous like the real one, stands in for a hung or
 peer-blind NCCL. The worker is tests/python/watch_worker.py."""
@@ -36,6 +37,8 @@ STALL_AFTER = 8  # not shorter: on CI's loaded machine ranks started or ran 3 s 
 #                  (a report on collective #1, before the scenario's own stall)
 REPORT_WITHIN = 2 * STALL_AFTER + 15  # the threshold, then the gather window (watch_worker: the threshold), + 15 s
 HEALTHY_TIER_STEPS, HEALTHY_TIER_IDLE_S = 2000, 6  # all-reduces, then seconds idle: several ticks on any machine
+# the node tier's stall: the collective after its healthy all-reduces, the barrier of every 100th, and a stage's 4
+TIER_STALL_SEQ = HEALTHY_TIER_STEPS + HEALTHY_TIER_STEPS // 100 + 5
 
 
 def worker_line(marker: str) -> int:
@@ -124,10 +127,12 @@ class Job:
         return "\n".join(job.stdout() for job in self.jobs)
 
     def release(self) -> None:
-        """Ends the stuck rank's hold (watch_worker.until_released) where it has one: the reports are in, the job
-        may go on and end instead of waiting the hold out."""
+        """Ends the stuck rank's hold where it has one: its sleep (watch_worker.until_released), or its stop. The
+        reports are in: the job may go on and end instead of waiting the hold out."""
         try:
-            os.kill(int((self.dir / "hold.pid").read_text()), signal.SIGUSR1)
+            pid = int((self.dir / "hold.pid").read_text())
+            os.kill(pid, signal.SIGUSR1)  # ignored by a rank not sleeping in until_released
+            os.kill(pid, signal.SIGCONT)  # a stopped rank goes on; a running one, unchanged
         except (OSError, ValueError):
             pass
 
@@ -266,11 +271,13 @@ def behind(job: Union[Job, Snapshot], output: str, marker: str, seq: int = 5) ->
 
 
 # The chained job: rank 2 stalls these ways one after another, each the 5th all-reduce of its stage (collectives 5,
-# 10, 15, 20), released by the test once every rank has reported; desync last, as nothing goes on after it. One
-# job, not four: each job costs CI a torchrun agent and 3 ranks importing torch (about 20 CPU-s on torch 2.15), and
-# a watch must report the next stall after one it reported, which only a job that goes on shows.
-CHAIN = ("behind_python", "behind_gil", "async_wait", "desync")
-CHAIN_TIMEOUT_S = 600  # pytest-timeout's bound on its first test, which waits for the four stages (49-62 s in CI)
+# 10, 15, 20, 25), released by the test once every rank that can has reported (a stopped rank cannot); desync last,
+# as nothing goes on after it. One job, not five: each job costs CI a torchrun agent and 3 ranks importing torch
+# (about 20 CPU-s on torch 2.15), and a watch must report the next stall after one it reported, which only a job
+# that goes on shows.
+CHAIN = ("behind_python", "behind_gil", "async_wait", "stopped", "desync")
+REPORTING = {"stopped": {0, 1}}  # the ranks that report a stage, where not all three
+CHAIN_TIMEOUT_S = 600  # pytest-timeout's bound on its first test, which waits for the stages (49-62 s in CI for four)
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +288,7 @@ def chained(fake_gpus, tmp_path_factory) -> dict[str, Union[Snapshot, str]]:
     try:
         for number, scenario in enumerate(CHAIN, 1):
             try:
-                stages[scenario] = job.wait_for_reports({0, 1, 2}, seq=5 * number)
+                stages[scenario] = job.wait_for_reports(REPORTING.get(scenario, {0, 1, 2}), seq=5 * number)
             except pytest.fail.Exception as failed:
                 stages[scenario] = str(failed)
                 break
@@ -512,23 +519,24 @@ def test_desync_names_both_collectives(chained):
     job = stage(chained, "desync")
     reports = check_on_every_rank(
         job, job.output(), {0, 1, 2}, "desync",
-        "desync on collective #20 of group 'default_pg' (ranks 0-2)",
-        f"ranks 0, 1 called ALL_REDUCE #20 (float32[4]) at "
+        "desync on collective #25 of group 'default_pg' (ranks 0-2)",
+        f"ranks 0, 1 called ALL_REDUCE #25 (float32[4]) at "
         f"{WORKER}:{worker_line('# the async all-reduce of the scenarios')}",
-        f"rank 2 called BROADCAST #20 (float32[4]) at {WORKER}:{worker_line('dist.broadcast(t, src=0')}")
+        f"rank 2 called BROADCAST #25 (float32[4]) at {WORKER}:{worker_line('dist.broadcast(t, src=0')}")
     assert reports[1]["gpuguard_stall"]["stuck_ranks"] == [2]
 
 
 @pytest.mark.slow
-def test_stopped_rank_is_named_unreachable(fake_gpus, tmp_path):
-    job = Job("stopped", tmp_path, fake_gpus.env("h100x4"))
-    job.wait_for_reports({0, 1})
-    output = job.end(timeout=1)
-    reports = check_on_every_rank(job, output, {0, 1}, "rank_gone",
-                                  "rank 2 of ALL_REDUCE #5 on group 'default_pg' (ranks 0-2) is gone or unreachable",
-                                  ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1 have waited in ALL_REDUCE #5")
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_stopped_rank_is_named_unreachable(chained):
+    job = stage(chained, "stopped")
+    reports = check_on_every_rank(job, job.output(), {0, 1}, "rank_gone",
+                                  "rank 2 of ALL_REDUCE #20 on group 'default_pg' (ranks 0-2) is gone or unreachable",
+                                  ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1 have waited in ALL_REDUCE #20")
     assert reports[0]["gpuguard_stall"]["gone_ranks"] == [2]
     assert_reported_in_time(job, [0])
+    # continued, it caught up: the job went on to the desync after it
+    assert isinstance(chained["desync"], Snapshot), chained["desync"]
 
 
 def tier_pages() -> set[Path]:
@@ -537,35 +545,73 @@ def tier_pages() -> set[Path]:
     return set(Path(page_directory()).glob(PAGE_PREFIX + "*"))
 
 
-@pytest.mark.slow
-def test_node_tier_a_stopped_leader_leaves_its_node_asking_the_store_and_every_rank_reports(fake_gpus, tmp_path):
-    # two nodes of two ranks: rank 2 leads the second node's watchdogs, and stops itself; rank 3 then finds its
-    # leader's answer too old, asks the store itself, and reports like ranks 0 and 1
+# The node tier's job: two nodes of two ranks, the healthy loop, then rank 2, which leads the second node's
+# watchdogs, stopping itself. One job, not two: each costs CI two torchrun agents and 4 ranks importing torch, and a
+# tier that was quiet through the healthy steps must still report the stall after them.
+@dataclass
+class TierChain:
+    """The node tier's job as each of its two stages left it, or why a stage did not come."""
+    healthy: Union[Snapshot, str]  # once every rank printed the end of its healthy steps (and counts)
+    stopped: Union[Snapshot, str]  # once ranks 0, 1, 3 reported the stopped leader
+    output: str  # the whole job's, once it ended
+    returncodes: list[Optional[int]]  # each agent's
+    pages_left: set[Path]  # the tier's pages the job left on this machine (removed since)
+
+
+@pytest.fixture(scope="module")
+def node_tier_chained(fake_gpus, tmp_path_factory) -> TierChain:
     pages_before = tier_pages()
-    job = Job("stopped", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2,
-              nproc=4)
-    job.wait_for_reports({0, 1, 3})
-    output = job.end(timeout=1)
-    for page in tier_pages() - pages_before:
-        page.unlink()  # its leaders were killed: a later leader would remove their pages after 10 idle minutes
-    reports = check_on_every_rank(job, output, {0, 1, 3}, "rank_gone",
-                                  "rank 2 of ALL_REDUCE #5 on group 'default_pg' (ranks 0-3) is gone or unreachable",
-                                  ") is stopped (SIGSTOP or a debugger)", "ranks 0, 1, 3 have waited in ALL_REDUCE #5")
+    job = Job("healthy,stopped", tmp_path_factory.mktemp("tier"),
+              dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2, nproc=4,
+              extra=(str(HEALTHY_TIER_STEPS), str(HEALTHY_TIER_IDLE_S)))
+    stopped: Union[Snapshot, str] = "the node tier's job never stopped its leader: its healthy steps did not end"
+    try:
+        ended = wait_until(lambda: all(f"rank {rank}: healthy done," in job.output() for rank in range(4))
+                           or any(p.poll() is not None for p in job.procs), CHAIN_TIMEOUT_S / 2, what=None)
+        if ended and all(p.poll() is None for p in job.procs):
+            # no stall report can be there yet: rank 2 stops 4 all-reduces later, and reports come its threshold
+            # after that
+            healthy: Union[Snapshot, str] = Snapshot(job.world, job.reports(), job.output(), {}, {})
+            try:
+                stopped = job.wait_for_reports({0, 1, 3})
+            except pytest.fail.Exception as failed:
+                stopped = str(failed)
+        else:
+            healthy = (f"the node tier's job {'ended' if ended else 'was still running'} before every rank ended "
+                       f"its healthy steps:\n{job.output()[-6000:]}")
+    finally:
+        output = job.end(timeout=120 if isinstance(stopped, Snapshot) else 1)  # continued: it ends by itself
+    left = tier_pages() - pages_before
+    for page in left:
+        page.unlink()  # a killed job's leaders: a later leader would remove their pages after 10 idle minutes
+    return TierChain(healthy, stopped, output, [p.returncode for p in job.procs], left)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_node_tier_a_stopped_leader_leaves_its_node_asking_the_store_and_every_rank_reports(node_tier_chained):
+    # rank 2 leads the second node's watchdogs, and stops itself; rank 3 then finds its leader's answer too old,
+    # asks the store itself, and reports like ranks 0 and 1
+    job = arrived(node_tier_chained.stopped)
+    seq = job.reports()[0]["gpuguard_stall"]["seq"]
+    assert seq == TIER_STALL_SEQ, job.reports()[0]
+    reports = check_on_every_rank(job, job.output(), {0, 1, 3}, "rank_gone",
+                                  f"rank 2 of ALL_REDUCE #{seq} on group 'default_pg' (ranks 0-3) is gone or "
+                                  f"unreachable", ") is stopped (SIGSTOP or a debugger)",
+                                  f"ranks 0, 1, 3 have waited in ALL_REDUCE #{seq}")
     assert reports[3]["gpuguard_stall"]["gone_ranks"] == [2]
     # the tier adds at most its leader's three ticks (1 s each) to the follower's report
     assert job.report_time(3) - job.stall_start() <= REPORT_WITHIN
+    # continued, the leader led its node again: every rank ended the job
+    assert node_tier_chained.returncodes == [0, 0], node_tier_chained.output[-4000:]
 
 
 @pytest.mark.slow
-def test_node_tier_healthy_followers_read_their_leader_instead_of_the_store(fake_gpus, tmp_path):
-    pages_before = tier_pages()
-    job = Job("healthy", tmp_path, dict(fake_gpus.env("h100x4"), GPUGUARD_WATCH_NODE_TIER="1"), agents=2, nproc=4,
-              extra=(str(HEALTHY_TIER_STEPS), str(HEALTHY_TIER_IDLE_S)))
-    output = job.end(timeout=300)
-    left = tier_pages() - pages_before
-    assert not left, f"each leader removes its node's page when its watch stops: {left}"
-    assert all(p.returncode == 0 for p in job.procs), output[-4000:]
-    assert "collective stall" not in output and not job.reports()
+@pytest.mark.timeout(CHAIN_TIMEOUT_S)
+def test_node_tier_healthy_followers_read_their_leader_instead_of_the_store(node_tier_chained):
+    healthy = arrived(node_tier_chained.healthy)
+    output = healthy.output()
+    assert "collective stall" not in output and not healthy.reports()
     counts = {int(m[0]): tuple(int(x) for x in m[1:]) for m in re.findall(
         r"rank (\d+): healthy done, (\d+) store operations, (\d+) reports, (\d+) relayed, (\d+) unrelayed ticks",
         output)}
@@ -577,6 +623,10 @@ def test_node_tier_healthy_followers_read_their_leader_instead_of_the_store(fake
         ops, _, relayed, unrelayed = counts[follower]
         # most ticks relayed: on a loaded machine a leader's late tick leaves a follower asking the store itself
         assert relayed >= 4 and ops == 1 + unrelayed and unrelayed < relayed / 2, counts
+    # and once the job ended (through the stall, continued), no page was left
+    assert node_tier_chained.returncodes == [0, 0], node_tier_chained.output[-4000:]
+    assert not node_tier_chained.pages_left, \
+        f"each leader removes its node's page when its watch stops: {node_tier_chained.pages_left}"
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@ several separated by commas, one after another: the chained job).
 
 Each scenario is a stage of 5 all-reduces, and rank 2 misbehaves before the 5th (collective 5, then 10, 15...): it
 sleeps in Python (behind_python), sleeps in a C call that holds the GIL (behind_gil), stops itself (stopped), dies
-(killed), calls broadcast instead (desync). A sleeping rank holds until the test releases it (SIGUSR1), and the job
-goes on to the next stage. `async_wait`: every all-reduce of the stage is `work = dist.all_reduce(t,
+(killed), calls broadcast instead (desync). A sleeping rank holds until the test releases it (SIGUSR1), a stopped one
+until the test continues it (SIGCONT), and the job goes on to the next stage. `async_wait`: every all-reduce of the stage is `work = dist.all_reduce(t,
 async_op=True); work.wait()`, the shape of every NCCL collective (it returns once enqueued); rank 2 sleeps in
 Python before the 5th. `nccl_hang` runs every rank's 5th all-reduce through the fake NCCL as a PyNccl user calls
 it (FakePyNccl), in a w.collective(stream=...) block: it returns at once and never completes
@@ -13,7 +13,8 @@ for the dead rank 2 (gloo would name the dead peer itself, NCCL does not). Two m
 `ddp`: a DistributedDataParallel loop, whose gradient all-reduce DDP's C++ reducer issues; rank 2 sleeps before
 step 4's backward. `healthy_ddp` runs argv[3] DDP steps and must never report. The two chain as the others do
 (`healthy_ddp,ddp`: one model, the stall after the healthy steps), each printing "rank R: <stage> done, N reports" at
-its end. `healthy` runs argv[3] all-reduces (then idles argv[4] seconds, if given) and must never report.
+its end. `healthy` runs argv[3] all-reduces (then idles argv[4] seconds, if given), must never report, and prints its
+counts; as the first of several (`healthy,stopped`), the stall stages follow it.
 """
 
 import contextlib
@@ -40,6 +41,7 @@ if os.environ.get("GPUGUARD_WATCH") == "1":  # the zero-code path (`gpuguard run
 else:
     w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out,
                        gather=stall_after)  # a loaded machine's ranks may take seconds to answer
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the test's release of a stopped rank (SIGCONT) sends it too
 hold = stall_after + 60  # far longer than the reports take, even on a loaded machine: the test ends it
 #                          (until_released) once it has every rank's report, so a long hold costs nothing
 t = torch.ones(4)
@@ -53,13 +55,18 @@ def _released(signum, frame):
     raise Released
 
 
+def holding() -> None:
+    """Tells the test which process to release (hold.pid): rank 2, for the stall now starting."""
+    with open(os.path.join(out, "hold.pid"), "w") as f:
+        f.write(str(os.getpid()))
+
+
 @contextlib.contextmanager
 def until_released():
     """Rank 2's hold, its sleep in the with block: the test ends it (SIGUSR1 to the pid in hold.pid) once every
     rank has reported, instead of waiting out `hold`; a release after the hold is ignored."""
     signal.signal(signal.SIGUSR1, _released)
-    with open(os.path.join(out, "hold.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    holding()
     try:
         yield
     except Released:
@@ -103,7 +110,7 @@ if stages[0] in ("ddp", "healthy_ddp"):
     dist.destroy_process_group()
     sys.exit(0)
 
-if scenario == "healthy":
+if stages[0] == "healthy":
     for step in range(int(sys.argv[3])):
         dist.all_reduce(t)
         if step % 100 == 0:
@@ -112,9 +119,11 @@ if scenario == "healthy":
         time.sleep(float(sys.argv[4]))
     print(f"rank {rank}: healthy done, {w.store_ops} store operations, {w.reports} reports, {w.relayed_ticks} relayed, "
           f"{w.unrelayed_ticks} unrelayed ticks", flush=True)
-    w.stop()
-    dist.destroy_process_group()
-    sys.exit(0)
+    stages = stages[1:]
+    if not stages:
+        w.stop()
+        dist.destroy_process_group()
+        sys.exit(0)
 
 STAGE = 5  # all-reduces a stage: its last is the stall (test_watch expects collectives 5, 10, 15...)
 comm = pynccl() if {"killed", "nccl_hang"} & set(stages) else None
@@ -141,7 +150,8 @@ for i in range(1, STAGE * len(stages) + 3):
             with until_released():
                 time.sleep(hold)  # rank 2 sleeps (async scenario)
         elif stage == "stopped":
-            os.kill(os.getpid(), signal.SIGSTOP)
+            holding()
+            os.kill(os.getpid(), signal.SIGSTOP)  # until the test's SIGCONT
         elif stage == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
         elif stage == "desync":
