@@ -16,6 +16,8 @@ import pytest
 from gg_testing.env import fakes_dir
 from gg_testing.cpu_time import *  # noqa: F401,F403  (each test's CPU seconds, for CI's table)
 
+pytest_plugins = ("gg_testing.schedule",)  # a parallel step's costliest files first
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 

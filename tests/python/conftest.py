@@ -17,6 +17,8 @@ from gg_testing.cpu_time import *  # noqa: F401,F403  (each test's CPU seconds, 
 from gg_testing.launch import reap_all
 from gg_testing.ray_start import until_a_driver_joins, workers_at_the_tests_priority
 
+pytest_plugins = ("gg_testing.schedule",)  # a parallel step's costliest files first
+
 workers_at_the_tests_priority()  # before any test builds an environment from os.environ
 
 

@@ -163,6 +163,48 @@ def test_each_tests_cpu_seconds_reach_the_junit_file_with_its_waited_for_childre
     assert cpu["test_spins_in_a_child"] >= 0.6 and cpu["test_sleeps"] < 0.3, cpu
 
 
+# A parallel step's files, three of four quick tests and one costly of one, each test logging its worker and file.
+SCHEDULED_TEST = """
+import os, pytest
+@pytest.mark.parametrize("i", range({n}))
+def test_runs(i):
+    with open(os.environ["ORDER_LOG"], "a") as log:
+        log.write(os.environ["PYTEST_XDIST_WORKER"] + " {name}\\n")
+"""
+SCHEDULED = "import gg_testing.schedule\ngg_testing.schedule.COSTLIEST = ('test_costly.py',)\n" \
+            "pytest_plugins = ('gg_testing.schedule',)\n"
+
+
+def first_files(tmp_path: Path, conftest: str) -> set[str]:
+    """The file each of two xdist workers ran first (--dist loadfile), under the conftest given."""
+    folder = tmp_path / str(len(list(tmp_path.iterdir())))
+    folder.mkdir()
+    (folder / "conftest.py").write_text(conftest)
+    for name, n in (("test_many1", 4), ("test_many2", 4), ("test_many3", 4), ("test_costly", 1)):
+        (folder / f"{name}.py").write_text(SCHEDULED_TEST.format(n=n, name=name))
+    log = folder / "order.log"
+    env = dict(scrubbed(dict(os.environ)), PYTHONPATH=str(Path(launch.__file__).parents[1]), ORDER_LOG=str(log))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                           "-n", "2", "--dist", "loadfile", str(folder)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=SNIPPET_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert len(lines) == 13, lines
+    return {next(name for w, name in lines if w == worker) for worker in {w for w, _ in lines}}
+
+
+def test_a_parallel_step_hands_out_its_costliest_files_first(tmp_path):
+    # xdist alone hands out the files with the most tests first, so the costly one last; the schedule, first
+    assert "test_costly" not in first_files(tmp_path, "")
+    assert "test_costly" in first_files(tmp_path, SCHEDULED)
+
+
+def test_the_schedules_costliest_files_exist():
+    from gg_testing.schedule import COSTLIEST  # a renamed file would lose its turn, silently
+    root = Path(launch.__file__).parents[2]
+    assert [path for path in COSTLIEST if not (root / path).is_file()] == []
+
+
 #: What a test file writes to start a Ray cluster: ray.init(), the tests' `ray start --head`, a driver script.
 STARTS_RAY = re.compile(r"ray\.init\(|RayHead\(|ray_scripts|ray start|ray job submit")
 
