@@ -4,12 +4,12 @@ several separated by commas, one after another: the chained job).
 Each scenario is a stage of 5 all-reduces, and rank 2 misbehaves before the 5th (collective 5, then 10, 15...): it
 sleeps in Python (behind_python), sleeps in a C call that holds the GIL (behind_gil), stops itself (stopped), dies
 (killed), calls broadcast instead (desync). A sleeping rank holds until the test releases it (SIGUSR1), a stopped one
-until the test continues it (SIGCONT), and the job goes on to the next stage. `async_wait`: every all-reduce of the stage is `work = dist.all_reduce(t,
-async_op=True); work.wait()`, the shape of every NCCL collective (it returns once enqueued); rank 2 sleeps in
-Python before the 5th. `nccl_hang` runs every rank's 5th all-reduce through the fake NCCL as a PyNccl user calls
-it (FakePyNccl), in a w.collective(stream=...) block: it returns at once and never completes
-(h100x4_nccl_hang_all_reduce), and the CPU waits in synchronize(); `killed` has ranks 0, 1, 3 wait the same way
-for the dead rank 2 (gloo would name the dead peer itself, NCCL does not). Two more all-reduces end the job.
+until the test continues it (SIGCONT), and the job goes on to the next stage. `async_wait`: every all-reduce of the
+stage is `work = dist.all_reduce(t, async_op=True); work.wait()`, the shape of every NCCL collective (it returns once
+enqueued); rank 2 sleeps in Python before the 5th. `nccl_hang` runs every rank's 5th all-reduce through the fake
+NCCL as a PyNccl user calls it (FakePyNccl), in a w.collective(stream=...) block: it returns at once and never
+completes (h100x4_nccl_hang_all_reduce), and the CPU waits in synchronize(); `killed` has ranks 0, 1, 3 wait the
+same way for the dead rank 2 (gloo would name the dead peer itself, NCCL does not). Two more all-reduces end the job.
 `ddp`: a DistributedDataParallel loop, whose gradient all-reduce DDP's C++ reducer issues; rank 2 sleeps before
 step 4's backward. `healthy_ddp` runs argv[3] DDP steps and must never report. The two chain as the others do
 (`healthy_ddp,ddp`: one model, the stall after the healthy steps), each printing "rank R: <stage> done, N reports" at
