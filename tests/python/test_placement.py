@@ -33,6 +33,7 @@ from gpuguard.deadline import Deadline
 from gpuguard.logs import explain
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
+from gpuguard.placement import stores
 from gpuguard.placement.stores import ABANDON_AFTER_S, CheckedStore, _Caller, tcp_client
 
 
@@ -459,6 +460,57 @@ def test_a_store_whose_server_stops_answering_ends_the_call_by_the_deadline():
         server.kill()
         server.wait()
         server.stdout.close()
+
+
+class SilentStore:
+    """A store client whose server stopped answering, where the client keeps to its own timeout (the scale test's
+    wire client, Ray's store): every call waits out the timeout, then raises that it timed out."""
+
+    def __init__(self) -> None:
+        self.timeout = datetime.timedelta(seconds=60)
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self.timeout = timeout
+
+    def _silent(self, *args: Any) -> Any:
+        time.sleep(self.timeout.total_seconds())
+        raise RuntimeError("timed out waiting for the store server's answer")
+
+    get = set = add = compare_set = check = wait = _silent
+
+
+@pytest.mark.wall_clock  # the call must end by the deadline + its grace + ABANDON_AFTER_S: timed in CI's timed lane
+def test_a_silent_store_whose_client_times_out_is_named_not_a_missing_rank_0():
+    """Rank 1 waits for rank 0's ``lead`` on a store that answers nothing. Its wait times out at the deadline, which
+    alone cannot tell a stopped server from a rank 0 that never came; the look after it, in the grace, asks the
+    server a question it answers at once, and gets no answer either. Before, rank 1 named rank 0 missing (the scale
+    test's stopped store, CI of e2167aa)."""
+    started = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError) as info:
+        exchange(SilentStore(), ident(1, 2, 1), namespace="silent", deadline=Deadline(1))
+    assert time.monotonic() - started <= 1 + TIMEOUT_GRACE_S + ABANDON_AFTER_S + 0.5
+    assert re.match(r"the store did not answer store\.check\('silent/lead'\) within [0-9.]+ s \(what was left of the "
+                    r"deadline\) during gpuguard's cross-rank check: the process serving it is stopped, hung or "
+                    r"unreachable", str(info.value)), str(info.value)
+
+
+def test_a_store_call_that_failed_only_after_its_bound_did_not_answer_in_time(monkeypatch):
+    """A loaded machine's caller may wake only after its bound to find the call done: a failure that came that late
+    is the server's silence, not the store's answer (a timeout read as 'the key is not there')."""
+
+    class WakesLate(threading.Event):
+        def wait(self, timeout: Optional[float] = None) -> bool:
+            return super().wait()  # wakes when the call is done, whatever the bound
+
+    monkeypatch.setattr(stores.threading, "Event", WakesLate)
+
+    def times_out_late() -> None:
+        time.sleep(0.3)
+        raise RuntimeError("timed out")
+
+    with pytest.raises(stores._NoAnswer):
+        stores._call_within(times_out_late, 0.1)
+    assert stores._call_within(lambda: 7, 0.1) == 7  # an answer is an answer, however late it is read
 
 
 def test_a_store_call_helper_made_long_before_its_first_call_still_serves_it(monkeypatch):
