@@ -344,7 +344,8 @@ class CheckedStore:
         """Whether the key exists, at the end of a wait for it: False when no time is left of the deadline to
         look. Running out there is the wait's answer (the caller names who never wrote the key), not a failure of
         the store (CI of 054b1f9: rank 0, serving the store, started 39 s after rank 4, whose wait for ``lead``
-        then ended in StoreDeadlineError "no time was left ... store.check" instead of naming rank 0)."""
+        then ended in StoreDeadlineError "no time was left ... store.check" instead of naming rank 0). A look the
+        store does not answer in the time there is raises StoreDeadlineError."""
         bound = self.bound()
         if bound is not None and bound <= MIN_OP_TIMEOUT_S:
             return False
