@@ -127,12 +127,12 @@ class Job:
         return "\n".join(job.stdout() for job in self.jobs)
 
     def release(self) -> None:
-        """Ends the stuck rank's hold where it has one: its sleep (watch_worker.until_released), or its stop. The
-        reports are in: the job may go on and end instead of waiting the hold out."""
+        """Ends the stuck rank's hold where it has one, as hold.pid says (watch_worker.holding): its sleep
+        (SIGUSR1 to watch_worker.until_released) or its stop (SIGCONT). The reports are in: the job may go on and
+        end instead of waiting the hold out."""
         try:
-            pid = int((self.dir / "hold.pid").read_text())
-            os.kill(pid, signal.SIGUSR1)  # ignored by a rank not sleeping in until_released
-            os.kill(pid, signal.SIGCONT)  # a stopped rank goes on; a running one, unchanged
+            pid, *kind = (self.dir / "hold.pid").read_text().split()
+            os.kill(int(pid), signal.SIGCONT if kind == ["stop"] else signal.SIGUSR1)
         except (OSError, ValueError):
             pass
 

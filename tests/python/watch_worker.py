@@ -41,7 +41,7 @@ if os.environ.get("GPUGUARD_WATCH") == "1":  # the zero-code path (`gpuguard run
 else:
     w = gpuguard.watch(stall_after=stall_after, on_stall=os.environ.get("ON_STALL", "report"), report_dir=out,
                        gather=stall_after)  # a loaded machine's ranks may take seconds to answer
-signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the test's release of a stopped rank (SIGCONT) sends it too
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a release that comes after its hold ended changes nothing
 hold = stall_after + 60  # far longer than the reports take, even on a loaded machine: the test ends it
 #                          (until_released) once it has every rank's report, so a long hold costs nothing
 t = torch.ones(4)
@@ -55,10 +55,12 @@ def _released(signum, frame):
     raise Released
 
 
-def holding() -> None:
-    """Tells the test which process to release (hold.pid): rank 2, for the stall now starting."""
+def holding(kind: str) -> None:
+    """Tells the test which process to release and how (hold.pid: rank 2's pid, then "sleep" or "stop"), for the
+    stall now starting: a release of one kind never ends a hold of the other (a continue sent with the release of
+    a sleep reached rank 2 once it had gone on and stopped itself for the next stage, on CI's loaded machine)."""
     with open(os.path.join(out, "hold.pid"), "w") as f:
-        f.write(str(os.getpid()))
+        f.write(f"{os.getpid()} {kind}")
 
 
 @contextlib.contextmanager
@@ -66,7 +68,7 @@ def until_released():
     """Rank 2's hold, its sleep in the with block: the test ends it (SIGUSR1 to the pid in hold.pid) once every
     rank has reported, instead of waiting out `hold`; a release after the hold is ignored."""
     signal.signal(signal.SIGUSR1, _released)
-    holding()
+    holding("sleep")
     try:
         yield
     except Released:
@@ -150,7 +152,7 @@ for i in range(1, STAGE * len(stages) + 3):
             with until_released():
                 time.sleep(hold)  # rank 2 sleeps (async scenario)
         elif stage == "stopped":
-            holding()
+            holding("stop")
             os.kill(os.getpid(), signal.SIGSTOP)  # until the test's SIGCONT
         elif stage == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
