@@ -310,6 +310,17 @@ def arrived(got: Union[Snapshot, str]) -> Snapshot:
     return got
 
 
+def healthy_stage(job: Job, stage: str, what: str) -> Union[Snapshot, str]:
+    """A job's healthy stage as it was once every rank printed "rank R: <stage> done," (the stall stages after it go
+    on), or why it did not get there: the job ended, or still ran at the bound."""
+    ended = wait_until(lambda: all(f"rank {rank}: {stage} done," in job.output() for rank in range(job.world))
+                       or any(p.poll() is not None for p in job.procs), CHAIN_TIMEOUT_S / 2, what=None)
+    if ended and all(p.poll() is None for p in job.procs):
+        return Snapshot(job.world, job.reports(), job.output(), {}, {})
+    return (f"{what} {'ended' if ended else 'was still running'} before every rank ended its healthy steps:\n"
+            f"{job.output()[-6000:]}")
+
+
 @pytest.mark.follows_torch
 @pytest.mark.slow
 @pytest.mark.timeout(CHAIN_TIMEOUT_S)
@@ -396,15 +407,11 @@ def ddp_chained(fake_gpus, tmp_path_factory) -> DdpChain:
               extra=(str(HEALTHY_DDP_STEPS),))
     stall: Union[Snapshot, str] = "the DDP job never reached its stall: its healthy steps did not end"
     try:
-        ended = wait_until(lambda: all(f"rank {rank}: healthy_ddp done," in job.output() for rank in range(3))
-                           or job.procs[0].poll() is not None, CHAIN_TIMEOUT_S / 2, what=None)
-        if ended and job.procs[0].poll() is None:
-            # no stall report can be there yet: rank 2 stalls 3 steps later, and reports come its threshold after that
-            healthy: Union[Snapshot, str] = Snapshot(job.world, job.reports(), job.output(), {}, {})
+        # no stall report can be in the healthy snapshot: rank 2 stalls 3 steps later, and reports come its
+        # threshold after that
+        healthy = healthy_stage(job, "healthy_ddp", "the DDP job")
+        if isinstance(healthy, Snapshot):
             stall = ddp_stall(job)
-        else:
-            healthy = (f"the DDP job {'ended' if ended else 'was still running'} before every rank ended its "
-                       f"healthy steps:\n{job.output()[-6000:]}")
     finally:
         output = job.end(timeout=300 if isinstance(stall, Snapshot) else 1)  # released: it ends by itself
     return DdpChain(healthy, stall, output, job.procs[0].returncode)
@@ -566,19 +573,14 @@ def node_tier_chained(fake_gpus, tmp_path_factory) -> TierChain:
               extra=(str(HEALTHY_TIER_STEPS), str(HEALTHY_TIER_IDLE_S)))
     stopped: Union[Snapshot, str] = "the node tier's job never stopped its leader: its healthy steps did not end"
     try:
-        ended = wait_until(lambda: all(f"rank {rank}: healthy done," in job.output() for rank in range(4))
-                           or any(p.poll() is not None for p in job.procs), CHAIN_TIMEOUT_S / 2, what=None)
-        if ended and all(p.poll() is None for p in job.procs):
-            # no stall report can be there yet: rank 2 stops 4 all-reduces later, and reports come its threshold
-            # after that
-            healthy: Union[Snapshot, str] = Snapshot(job.world, job.reports(), job.output(), {}, {})
+        # no stall report can be in the healthy snapshot: rank 2 stops 4 all-reduces later, and reports come its
+        # threshold after that
+        healthy = healthy_stage(job, "healthy", "the node tier's job")
+        if isinstance(healthy, Snapshot):
             try:
                 stopped = job.wait_for_reports({0, 1, 3})
             except pytest.fail.Exception as failed:
                 stopped = str(failed)
-        else:
-            healthy = (f"the node tier's job {'ended' if ended else 'was still running'} before every rank ended "
-                       f"its healthy steps:\n{job.output()[-6000:]}")
     finally:
         output = job.end(timeout=120 if isinstance(stopped, Snapshot) else 1)  # continued: it ends by itself
     left = tier_pages() - pages_before
