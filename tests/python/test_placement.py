@@ -34,7 +34,7 @@ from gpuguard.logs import explain
 from gpuguard.placement import RankIdentity, Verdict, exchange, find_store, raise_for, run_namespace
 from gpuguard.placement.exchange import TIMEOUT_GRACE_S
 from gpuguard.placement import stores
-from gpuguard.placement.stores import ABANDON_AFTER_S, CheckedStore, _Caller, tcp_client
+from gpuguard.placement.stores import ABANDON_AFTER_S, CheckedStore, StoreDeadlineError, _Caller, tcp_client
 
 
 @pytest.fixture
@@ -492,6 +492,35 @@ def test_a_silent_store_whose_client_times_out_is_named_not_a_missing_rank_0():
     assert re.match(r"the store did not answer store\.check\('silent/lead'\) within [0-9.]+ s \(what was left of the "
                     r"deadline\) during gpuguard's cross-rank check: the process serving it is stopped, hung or "
                     r"unreachable", str(info.value)), str(info.value)
+
+
+@pytest.mark.wall_clock  # each call waits out its bound: timed in CI's timed lane, where it ends within it
+@pytest.mark.parametrize("what", ["compare_set", "set", "add"])
+def test_a_call_that_waits_for_no_key_and_times_out_names_the_silent_store(what):
+    """A rank writing its record (compare_set, set, add) to a store that answers nothing, through a client that keeps
+    to its timeout: the failure names the store as not answering. Before, it read "TimeoutError: timed out" and
+    named no cause (CI of 199ddea: the scale test's store stopped past the deadline)."""
+    store = CheckedStore(SilentStore(), "silent", Deadline(1.5))
+    call = {"compare_set": lambda: store.compare_set("rec/3", b"", b"x"), "set": lambda: store.set("rec/3", b"x"),
+            "add": lambda: store.add("rec/3", 1)}[what]
+    with pytest.raises(StoreDeadlineError) as info:
+        call()
+    assert re.match(rf"the store did not answer store\.{what}\('silent/rec/3'\) within 1\.[0-5] s \(what was left of "
+                    r"the deadline\) during gpuguard's cross-rank check: the process serving it is stopped, hung or "
+                    r"unreachable \(under env:// that is rank 0; under torchrun, the agent of the first node\)$",
+                    str(info.value)), str(info.value)
+    assert info.value.store_operation == what and info.value.key == "silent/rec/3"
+
+
+@pytest.mark.wall_clock
+def test_a_call_left_less_than_a_second_that_times_out_says_the_deadline_ran_out():
+    """With under a second left of the deadline, a live server on a loaded machine may just be slow: the error says
+    that the deadline ran out during the call, and blames no process."""
+    store = CheckedStore(SilentStore(), "silent", Deadline(0.4))
+    with pytest.raises(StoreDeadlineError) as info:
+        store.compare_set("rec/3", b"", b"x")
+    assert re.match(r"the deadline of gpuguard's cross-rank check ran out during store\.compare_set\('silent/rec/3'\), "
+                    r"which got no answer in the 0\.[0-4]\d s that were left of it$", str(info.value)), str(info.value)
 
 
 def test_a_store_call_that_failed_only_after_its_bound_did_not_answer_in_time(monkeypatch):

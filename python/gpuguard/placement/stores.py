@@ -246,8 +246,14 @@ class CheckedStore:
         except _NoAnswer:  # the call never returned: the store's server does not answer at all
             raise _not_answering(what, key, seconds) from None
         except Exception as exc:  # noqa: BLE001 - any store (c10d, Ray) may raise anything
-            if timeout_is_an_answer and seconds and _looks_like_a_timeout(exc, time.monotonic() - started, seconds):
+            timed_out = bool(seconds) and _looks_like_a_timeout(exc, time.monotonic() - started, seconds or 0.0)
+            if timeout_is_an_answer and timed_out:
                 return _TIMED_OUT
+            if timed_out and what in _NEVER_WAITS:
+                # its client kept to the timeout set above (the scale test's wire client, Ray's store): a call that
+                # waits for no key and got no answer in it got none from the server (CI of 199ddea: a rank's
+                # compare_set on a stopped store said "TimeoutError: timed out", naming no cause)
+                raise _unanswered(what, key, seconds or 0.0) from exc
             raise GpuGuardError(f"store.{what}({key!r}) failed during gpuguard's cross-rank check: "
                                 f"{type(exc).__name__}: {exc}", store_operation=what, key=key) from exc
 
@@ -358,6 +364,22 @@ class CheckedStore:
             # waiting for rank 0 named rank 0 missing: CI of e2167aa)
             raise _not_answering("check", key, bound or 0.0)
         return bool(found)
+
+
+#: The calls that never wait for a key to appear: one that times out was not answered at all.
+_NEVER_WAITS = frozenset({"set", "add", "compare_set", "check", "delete_key"})
+#: Below this many seconds left of the deadline, a call that timed out says that the deadline ran out, not that the
+#: store's server is stopped: a live server on a loaded machine can take that long to answer.
+_SILENCE_NAMES_THE_SERVER_S = 1.0
+
+
+def _unanswered(what: str, key: str, seconds: float) -> "StoreDeadlineError":
+    """The error of a call that waits for no key and timed out after ``seconds``, the rest of the deadline."""
+    if seconds >= _SILENCE_NAMES_THE_SERVER_S:
+        return _not_answering(what, key, seconds)
+    return StoreDeadlineError(
+        f"the deadline of gpuguard's cross-rank check ran out during store.{what}({key!r}), which got no answer in "
+        f"the {seconds:.2f} s that were left of it", store_operation=what, key=key)
 
 
 def _not_answering(what: str, key: str, seconds: float) -> "StoreDeadlineError":
