@@ -43,6 +43,9 @@ class DeviceAgreement {
   }
 
   bool agree() const { return agree_; }
+  // Whether every tensor so far agrees and one of them (not only CPU scalars) put the device at `d`: then any
+  // further tensor on `d` changes nothing.
+  bool settled_on(c10::Device d) const { return agree_ && device_ && *device_ == d; }
   // The one device every tensor is on (meaningful only while agree()); nullopt when no tensor was seen.
   std::optional<c10::Device> device() const {
     if (device_) return device_;

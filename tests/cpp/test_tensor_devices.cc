@@ -74,6 +74,21 @@ TEST(DeviceAgreement, ExpectedDeviceMustHoldEveryTensor) {
   EXPECT_FALSE(a.agree());
 }
 
+// settled_on(d): a further tensor on d changes nothing (guard()'s scan stops after the first tensor then)
+TEST(DeviceAgreement, SettledOnlyOnceATensorThatIsNoScalarPlacedIt) {
+  DeviceAgreement scalar_first;
+  scalar_first.add(at::scalar_tensor(2.0));
+  EXPECT_FALSE(scalar_first.settled_on(c10::Device(c10::kCPU)));  // a CPU tensor of shape [2, 4] may still disagree
+  scalar_first.add(on_cpu());
+  EXPECT_TRUE(scalar_first.settled_on(c10::Device(c10::kCPU)));
+  EXPECT_FALSE(scalar_first.settled_on(c10::Device(c10::kMeta)));
+
+  DeviceAgreement expected_meta(c10::Device(c10::kMeta));
+  expected_meta.add(on_cpu());
+  EXPECT_FALSE(expected_meta.settled_on(c10::Device(c10::kCPU)));  // disagrees already
+  EXPECT_FALSE(expected_meta.settled_on(c10::Device(c10::kMeta)));
+}
+
 TEST(DeviceAgreement, NothingSeenHasNoDeviceAndUndefinedTensorsAreSkipped) {
   DeviceAgreement a;
   a.add(at::Tensor());

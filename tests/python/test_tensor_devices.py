@@ -186,6 +186,66 @@ def test_a_cpu_scalar_agrees_with_any_device_as_in_pytorch():
     mismatch(gpuguard.assert_same_device, t, torch.tensor([2.0]))
 
 
+def test_a_cpu_scalar_first_in_the_model_does_not_place_the_rest():
+    """Every parameter is on the CPU, the first one a scalar: the model is on the CPU all the same (its weights
+    are not scalars), so an input on meta disagrees with it."""
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.temperature = nn.Parameter(torch.tensor(1.0))
+            self.body = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x) / self.temperature
+
+    model = Scaled()
+    assert next(model.parameters()) is model.temperature
+    assert gpuguard.assert_same_device(model, torch.zeros(2, 4)) == CPU
+    err = mismatch(gpuguard.assert_same_device, model, torch.zeros(2, 4, device="meta"))
+    assert err.groups[0]["parameters"] == ["body.weight", "body.bias"]  # a scalar sits with any device
+    assert err.groups[1]["device"] == "meta"
+    with gpuguard.guard(model):
+        mismatch(model, torch.zeros(2, 4, device="meta"))
+
+
+class ElsewhereTensor(torch.Tensor):
+    """A tensor subclass with a device of its own making: created on the CPU, it tells PyTorch that it is on meta
+    (dispatch_device=True makes tensor.device ask __torch_dispatch__)."""
+
+    @staticmethod
+    def __new__(cls, shape: tuple[int, ...]) -> "ElsewhereTensor":
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32, device="cpu",
+                                                   dispatch_device=True)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.prim.device.default:
+            return META
+        raise NotImplementedError(f"ElsewhereTensor does not run {func}")
+
+
+def test_this_torch_keeps_a_tensors_device_where_guards_scan_reads_it(tensor_checks_impl):
+    """guard()'s per-forward cost rests on reading every parameter's device straight from its TensorImpl, where a
+    probe at import found torch keeping it (collect_tensors.cc). A torch that moved it still gets right answers from
+    device() on each tensor, several times slower: this says so, on each corner of the supported range."""
+    if tensor_checks_impl == "Python":
+        pytest.skip("the Python implementation calls tensor.device")
+    from gpuguard import _libtorch_loader
+
+    assert _libtorch_loader.libtorch()._reads_devices_in_one_scan()
+
+
+def test_a_tensor_with_a_device_of_its_own_making_is_checked_where_it_says_it_is():
+    model = nn.Linear(4, 4)
+    model.register_buffer("elsewhere", ElsewhereTensor((3,)))
+    assert model.elsewhere.device == META
+    x = torch.zeros(2, 4)
+    err = mismatch(gpuguard.assert_same_device, model, x)
+    assert "  meta: 1 buffer of Linear: elsewhere" in str(err)
+    with gpuguard.guard(model):
+        assert mismatch(model, x).devices == ["cpu", "meta"]
+
+
 def test_meta_sparse_subclasses_and_lazy_parameters_do_not_crash():
     class Tagged(torch.Tensor):
         pass

@@ -4,6 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -63,17 +67,51 @@ bool is_tensor(PyObject* obj) {
 
 const at::Tensor& unpack(PyObject* obj) { return THPVariable_Unpack(obj); }
 
-// The addresses ModuleSnapshot::add_devices reads, for prefetching exactly those cache lines: a tensor object's
-// TensorImpl pointer (the end of THPVariable::cdata), and a TensorImpl's device (c10 keeps device_opt_
-// protected, so a derived class names it; device() reads it and the policy bits beside it, some 170 bytes into
-// the object, two or three cache lines past its start).
-struct TensorImplFields : c10::TensorImpl {
-  static const void* device_of(const c10::TensorImpl* impl) { return &(impl->*(&TensorImplFields::device_opt_)); }
+// Where a TensorImpl keeps the two things its device() reads, as byte offsets, for ModuleSnapshot's scan over
+// every parameter. c10 keeps both protected, so a TensorImpl built for the purpose, of a derived class, finds
+// them: device_opt_ (a std::optional<c10::Device>: type, index, then whether it holds one) by its address, and
+// the device_policy_ bit (set when device() asks the virtual device_custom() instead, as tensor subclasses with
+// a device of their own do) by setting it and seeing which bit changed. A layout other than this one expects
+// leaves `usable` false, and every tensor is then read through device() itself.
+struct DeviceLayout {
+  std::ptrdiff_t device = 0;
+  std::ptrdiff_t policy = 0;
+  unsigned char policy_mask = 0;
+  bool usable = false;
 };
 
-const void* impl_pointer_of(PyObject* tensor) {
-  const auto& cdata = reinterpret_cast<const THPVariable*>(tensor)->cdata;
-  return reinterpret_cast<const char*>(&cdata) + sizeof(cdata) - 1;
+struct TensorImplProbe : c10::TensorImpl {
+  TensorImplProbe() : TensorImpl(c10::DispatchKey::CPU, caffe2::TypeMeta::Make<float>(), c10::Device(c10::kCPU)) {}
+
+  DeviceLayout layout() {
+    DeviceLayout out;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(static_cast<const c10::TensorImpl*>(this));
+    out.device = reinterpret_cast<const unsigned char*>(&device_opt_) - bytes;
+    std::array<unsigned char, sizeof(c10::TensorImpl)> before;
+    std::copy_n(bytes, before.size(), before.begin());
+    device_policy_ = true;
+    int changed = 0;
+    for (std::size_t i = 0; i < before.size(); ++i) {
+      if (const unsigned char bits = before[i] ^ bytes[i]) {
+        ++changed;
+        out.policy = static_cast<std::ptrdiff_t>(i);
+        out.policy_mask = bits;
+      }
+    }
+    device_policy_ = false;
+    const std::optional<c10::Device> none;
+    const std::optional<c10::Device> cpu = c10::Device(c10::kCPU);
+    out.usable = sizeof(device_opt_) == 3 && out.device + 4 <= static_cast<std::ptrdiff_t>(sizeof(c10::TensorImpl)) &&
+                 changed == 1 && std::popcount(out.policy_mask) == 1 &&
+                 reinterpret_cast<const unsigned char*>(&none)[2] == 0 &&
+                 reinterpret_cast<const unsigned char*>(&cpu)[2] == 1 && bytes[out.device + 2] == 1;
+    return out;
+  }
+};
+
+const DeviceLayout& device_layout() {
+  static const DeviceLayout layout = TensorImplProbe().layout();
+  return layout;
 }
 
 // The walks recurse once per level of nesting. A level costs a few hundred bytes of C stack, so a structure
@@ -336,6 +374,8 @@ void named_input_tensors(PyObject* obj, const std::string& path, std::vector<Ten
   walk_input<true>(obj, path, seen, add);
 }
 
+bool device_scan_usable() { return device_layout().usable; }
+
 // ---- ModuleSnapshot -----------------------------------------------------------------------------------
 
 #if PY_VERSION_HEX < 0x030C0000
@@ -401,18 +441,9 @@ bool ModuleSnapshot::valid_for(PyObject* module) const {
   if (!root_ref_ || PyWeakref_GET_OBJECT(root_ref_) != module) return false;
 #if PY_VERSION_HEX < 0x030C0000
   if (registration_epoch_ != g_registration_epoch) return false;
-  constexpr std::size_t kAhead = 8;
-  PyObject* const* dicts = dicts_.data();
-  const std::uint64_t* versions = versions_.data();
-  const std::size_t n = dicts_.size();
-  const std::size_t steady = n > kAhead ? n - kAhead : 0;
-  std::size_t i = 0;
-  for (; i < steady; ++i) {
-    __builtin_prefetch(&reinterpret_cast<const PyDictObject*>(dicts[i + kAhead])->ma_version_tag);
-    if (reinterpret_cast<const PyDictObject*>(dicts[i])->ma_version_tag != versions[i]) return false;
-  }
-  for (; i < n; ++i) {
-    if (reinterpret_cast<const PyDictObject*>(dicts[i])->ma_version_tag != versions[i]) return false;
+  // one load of each dict's tag, in order, stopping at the first change: a dict after it may be gone
+  for (std::size_t i = 0; i < dicts_.size(); ++i) {
+    if (reinterpret_cast<const PyDictObject*>(dicts_[i])->ma_version_tag != versions_[i]) return false;
   }
   return true;
 #else
@@ -441,23 +472,47 @@ void ModuleSnapshot::rebuild(PyObject* module) {
 #endif
 }
 
-void ModuleSnapshot::add_devices(DeviceAgreement& agreement) const {
-  // The objects and their TensorImpls are scattered over the heap; asking for the lines read next early lets
-  // the loads overlap instead of waiting on one cache miss at a time. The steady loop prefetches without a
-  // bounds test, and the agreement is a local there: stores through the reference might alias the list, and
-  // the compiler would read both again from memory on every tensor.
-  constexpr std::size_t kAhead = 8;
-  PyObject* const* tensors = tensors_.data();
-  const std::size_t n = tensors_.size();
-  const std::size_t steady = n > kAhead ? n - kAhead : 0;
-  DeviceAgreement local = agreement;
-  std::size_t i = 0;
-  for (; i < steady; ++i) {
-    __builtin_prefetch(impl_pointer_of(tensors[i + kAhead]));
-    __builtin_prefetch(TensorImplFields::device_of(unpack(tensors[i + kAhead / 2]).unsafeGetTensorImpl()));
-    local.add(unpack(tensors[i]));
+std::optional<c10::Device> ModuleSnapshot::shared_device() const {
+  const DeviceLayout& layout = device_layout();
+  if (!layout.usable || tensors_.empty()) return std::nullopt;
+  auto bytes_of = [](PyObject* t) {
+    return reinterpret_cast<const unsigned char*>(unpack(t).unsafeGetTensorImpl());
+  };
+  // Four bytes from device_opt_ on: its three, and one more that the mask drops.
+  constexpr auto kDeviceBytes = std::bit_cast<std::uint32_t>(std::array<unsigned char, 4>{0xFF, 0xFF, 0xFF, 0});
+  const unsigned char* first = bytes_of(tensors_[0]);
+  std::uint32_t key;
+  std::memcpy(&key, first + layout.device, sizeof key);
+  // Branch-free, the loop is a handful of instructions per tensor: it is the per-forward cost of guard().
+  std::uint32_t differ = 0;
+  unsigned char policies = 0;
+  for (PyObject* t : tensors_) {
+    const unsigned char* impl = bytes_of(t);
+    std::uint32_t word;
+    std::memcpy(&word, impl + layout.device, sizeof word);
+    differ |= word ^ key;
+    policies |= impl[layout.policy];
   }
-  for (; i < n; ++i) local.add(unpack(tensors[i]));
+  // one device everywhere, none of their own making, and a device at all (an undefined tensor has none)
+  if ((differ & kDeviceBytes) != 0 || (policies & layout.policy_mask) != 0 || first[layout.device + 2] == 0) {
+    return std::nullopt;
+  }
+  return unpack(tensors_[0]).device();
+}
+
+void ModuleSnapshot::add_devices(DeviceAgreement& agreement) const {
+  // The common case, every tensor on one device, takes one scan; the first tensor then decides for all of them,
+  // unless it is a CPU scalar (which agrees with any device) or disagrees already: those are read one by one.
+  if (const std::optional<c10::Device> device = shared_device()) {
+    DeviceAgreement with_first = agreement;
+    with_first.add(unpack(tensors_[0]));
+    if (with_first.settled_on(*device)) {
+      agreement = with_first;
+      return;
+    }
+  }
+  DeviceAgreement local = agreement;  // a local: stores through the reference might alias the list
+  for (PyObject* t : tensors_) local.add(unpack(t));
   agreement = local;
 }
 

@@ -32,6 +32,10 @@ void module_devices(PyObject* module, bool recurse, DeviceAgreement& agreement);
 // Tensors inside list / tuple (namedtuple) / dict / dataclass nesting; None and other leaves are skipped.
 void input_devices(PyObject* obj, DeviceAgreement& agreement, AddressSet& seen);
 
+// Whether this torch's TensorImpl keeps a tensor's device where ModuleSnapshot's one-scan check reads it. When
+// not, each tensor's device() is called instead: the same answers, more slowly.
+bool device_scan_usable();
+
 // The TensorImpls of the tensors inside `obj` (same nesting rules), at most `limit` in all in `out`.
 void input_tensor_impls(PyObject* obj, std::vector<const c10::TensorImpl*>& out, std::size_t limit, AddressSet& seen);
 
@@ -76,6 +80,9 @@ class ModuleSnapshot {
 
  private:
   void clear();
+  // The device of every remembered tensor when they share one and none has a device of its own making
+  // (device_custom()); nullopt otherwise, and then each is read through device().
+  std::optional<c10::Device> shared_device() const;
 
   PyObject* root_ref_ = nullptr;  // a weak reference to the module: the snapshot must not keep it alive
   // Borrowed, in walk order (a module's __dict__, then its dicts, then its children's). No strong

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include "collect_tensors.h"
 #include "device_check.h"
 #include "flight_recorder_reader.h"
 #include "gpuguard/tensor_devices.h"
@@ -23,6 +24,9 @@ void bind_tensor_devices(py::module_& m) {
         "The common torch.device of a module's parameters and buffers (module may be None) and every tensor in "
         "args/kwargs; None when there is none. Raises gpuguard.DeviceMismatchError.");
   m.def("checks_disabled", &gp::checks_disabled, "Whether GPUGUARD_DISABLE turns every check off.");
+  m.def("_reads_devices_in_one_scan", &gp::device_scan_usable,
+        "Whether guard()'s per-forward check reads every tensor's device in one scan of this torch's TensorImpls "
+        "(else it calls device() on each: the same answers, more slowly).");
   m.def("compress_names", &gpuguard::compress_names, py::arg("names"), py::arg("universe"),
         "Qualified names with whole subtrees and index runs compressed (layers.0-15.*).");
   m.def("forward_hook", &gp::make_forward_hook,
