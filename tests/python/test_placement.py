@@ -523,6 +523,17 @@ def test_a_call_left_less_than_a_second_that_times_out_says_the_deadline_ran_out
                     r"which got no answer in the 0\.[0-4]\d s that were left of it$", str(info.value)), str(info.value)
 
 
+@pytest.mark.wall_clock
+def test_a_last_look_left_less_than_a_second_that_times_out_says_the_deadline_ran_out():
+    """The look for the key at the end of a wait (store.check) is such a call: with under a second left, its timing
+    out blames no process either. Before, it said that the process serving the store was stopped or hung."""
+    store = CheckedStore(SilentStore(), "silent", Deadline(0.6))
+    with pytest.raises(StoreDeadlineError) as info:
+        store.wait_for("lead", 0.2)
+    assert re.match(r"the deadline of gpuguard's cross-rank check ran out during store\.check\('silent/lead'\), "
+                    r"which got no answer in the 0\.[0-4]\d s that were left of it$", str(info.value)), str(info.value)
+
+
 def test_a_store_call_that_failed_only_after_its_bound_did_not_answer_in_time(monkeypatch):
     """A loaded machine's caller may wake only after its bound to find the call done: a failure that came that late
     is the server's silence, not the store's answer (a timeout read as 'the key is not there')."""
