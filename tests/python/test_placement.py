@@ -495,16 +495,15 @@ def test_a_silent_store_whose_client_times_out_is_named_not_a_missing_rank_0():
 
 
 @pytest.mark.wall_clock  # each call waits out its bound: timed in CI's timed lane, where it ends within it
-@pytest.mark.parametrize("what", ["compare_set", "set", "add"])
-def test_a_call_that_waits_for_no_key_and_times_out_names_the_silent_store(what):
+@pytest.mark.parametrize("what, args", [("compare_set", ("rec/3", b"", b"x")), ("set", ("rec/3", b"x")),
+                                        ("add", ("rec/3", 1))], ids=["compare_set", "set", "add"])
+def test_a_call_that_waits_for_no_key_and_times_out_names_the_silent_store(what, args):
     """A rank writing its record (compare_set, set, add) to a store that answers nothing, through a client that keeps
     to its timeout: the failure names the store as not answering. Before, it read "TimeoutError: timed out" and
     named no cause (CI of 199ddea: the scale test's store stopped past the deadline)."""
     store = CheckedStore(SilentStore(), "silent", Deadline(1.5))
-    call = {"compare_set": lambda: store.compare_set("rec/3", b"", b"x"), "set": lambda: store.set("rec/3", b"x"),
-            "add": lambda: store.add("rec/3", 1)}[what]
     with pytest.raises(StoreDeadlineError) as info:
-        call()
+        getattr(store, what)(*args)
     assert re.match(rf"the store did not answer store\.{what}\('silent/rec/3'\) within 1\.[0-5] s \(what was left of "
                     r"the deadline\) during gpuguard's cross-rank check: the process serving it is stopped, hung or "
                     r"unreachable \(under env:// that is rank 0; under torchrun, the agent of the first node\)$",
