@@ -246,6 +246,48 @@ def test_a_tensor_with_a_device_of_its_own_making_is_checked_where_it_says_it_is
         assert mismatch(model, x).devices == ["cpu", "meta"]
 
 
+class PlacedTensor(torch.Tensor):
+    """A tensor whose TensorImpl says it is on a given device, with no memory there: it stands for a tensor on a GPU
+    that this machine does not have, without initialising CUDA. Nothing can compute on it."""
+
+    @staticmethod
+    def __new__(cls, device: str) -> "PlacedTensor":
+        return torch.Tensor._make_wrapper_subclass(cls, (4,), dtype=torch.float32, device=device)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(f"PlacedTensor does not run {func}")
+
+
+def test_two_gpus_of_one_kind_are_told_apart_by_their_index():
+    """Weights on cuda:0 with one buffer, or the input, on cuda:1: the devices differ in their index alone, where
+    cpu and meta differ in their type. The scan that guard() runs on every forward must read the index too."""
+    class Holder(nn.Module):
+        def __init__(self, devices: list[str]) -> None:
+            super().__init__()
+            for i, device in enumerate(devices):
+                self.register_buffer(f"b{i}", PlacedTensor(device))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    x0 = PlacedTensor("cuda:0")
+    whole = Holder(["cuda:0"] * 40)
+    assert gpuguard.assert_same_device(whole, x0) == torch.device("cuda", 0)
+    err = mismatch(gpuguard.assert_same_device, whole, PlacedTensor("cuda:1"))
+    assert err.devices == ["cuda:0", "cuda:1"]
+    split = Holder(["cuda:0"] * 39 + ["cuda:1"])
+    err = mismatch(gpuguard.assert_same_device, split, x0)
+    assert "parameters and buffers are on 2 devices (cuda:0, cuda:1)" in str(err)
+    assert "  cuda:1: 1 buffer of Holder: b39" in str(err)
+    with gpuguard.guard(whole):
+        assert whole(x0) is x0
+        assert mismatch(whole, PlacedTensor("cuda:1")).devices == ["cuda:0", "cuda:1"]
+    with gpuguard.guard(split):
+        assert mismatch(split, x0).devices == ["cuda:0", "cuda:1"]
+    assert not torch.cuda.is_initialized()
+
+
 def test_meta_sparse_subclasses_and_lazy_parameters_do_not_crash():
     class Tagged(torch.Tensor):
         pass
