@@ -106,6 +106,9 @@ def main() -> int:
     model = Trivial(make_model(1_000))
     calls = 2_000
     short_rounds = 10 * rounds
+    # the two Python hooks, hundreds of times slower (so not sensitive to a disturbance): fewer calls, and only
+    # every 10th round, which makes `rounds` rounds
+    python_hooks = (python_pre_hook, "python_guard")
     variants = {}
 
     compiled = chosen.tensor_checks()
@@ -119,13 +122,12 @@ def main() -> int:
             chosen._checks = compiled
         elif hook is not None:
             handle = model.register_forward_pre_hook(hook, with_kwargs=True)
-        calls_here = calls if hook not in (python_pre_hook, "python_guard") else 400
+        calls_here = 400 if hook in python_hooks else calls
         t = per_call_us(lambda: model(x), calls_here, 1)
         handle.remove() if handle is not None else None
         return t
 
-    # interleave the variants round by round, so that a disturbance hits them all alike; the two Python hooks
-    # (hundreds of times slower, so not sensitive to it) take fewer rounds
+    # interleave the variants round by round, so that a disturbance hits them all alike
     names = {"none": None, "noop_hook": noop_pre_hook, "python_hook": python_pre_hook, "guard": "guard",
              "python_guard": "python_guard"}
     for name in names:
@@ -134,7 +136,7 @@ def main() -> int:
     for i in range(short_rounds):
         this_round = {}
         for name, hook in names.items():
-            if hook in (python_pre_hook, "python_guard") and i % 10:
+            if hook in python_hooks and i % 10:
                 continue
             this_round[name] = timed(hook)
             variants[name] = min(variants[name], this_round[name])
