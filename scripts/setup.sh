@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine for gpuguard: build tools (Debian packages), torch, Ray (with its Jobs API and Ray
-# Train, which the tests drive) and the test tools (PyPI), then builds and installs gpuguard against the installed
-# torch. Safe to run again.
+# Train, which the tests drive) and the build's and tests' tools (PyPI: pyproject.toml's dependency groups), then
+# builds and installs gpuguard against the installed torch. Safe to run again.
 #   PYTHON=...            the interpreter (a venv's) to install into (default python3)
 #   GPUGUARD_TORCH / GPUGUARD_RAY   what to ask pip for (default the supported floors: torch>=2.6,
 #                         ray[default,train]>=2.43; an installed version in the range is kept)
 #   GPUGUARD_BUILD_TYPE   CMake build type of the installed modules (default RelWithDebInfo, as scripts/test.sh)
 #   GPUGUARD_CPP_TESTS=0  leave the C++ tests out of the shared build folder (the fakes are built either way)
+#   GPUGUARD_SETUP_GROUPS the optional dependency groups of pyproject.toml to install besides build and test
+#                         (default: scale-simulation; "" for none: CI's oldest corner, whose tests skip without them)
 #   scripts/setup.sh --system-only    the Debian packages alone (CI, before it makes its venvs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,9 +41,13 @@ fi
 [ "${1:-}" = "--system-only" ] && exit 0
 
 PY=${PYTHON:-python3}
+# The build's and the tests' tools come from pyproject.toml's dependency groups, the one list CI installs too;
+# `pip install --group` needs pip 25.1 or newer.
+"$PY" -m pip install -q --disable-pip-version-check "pip>=25.1"
+groups=()
+for group in build test ${GPUGUARD_SETUP_GROUPS-scale-simulation}; do groups+=(--group "$group"); done
 "$PY" -m pip install -q --disable-pip-version-check \
-  "${GPUGUARD_TORCH:-torch>=2.6}" "${GPUGUARD_RAY:-ray[default,train]>=2.43}" numpy "scikit-build-core>=0.10" \
-  "pybind11>=2.12" "pytest>=8" pytest-timeout
+  "${GPUGUARD_TORCH:-torch>=2.6}" "${GPUGUARD_RAY:-ray[default,train]>=2.43}" numpy "${groups[@]}"
 # --no-build-isolation: gpuguard._libtorch must be compiled against the torch installed above (its ABI and version).
 # The build folder is the one scripts/test.sh builds in (build/dev for the default python3, build/dev-<tag> for
 # another PYTHON), configured as test.sh configures it (the fakes, the C++ tests unless GPUGUARD_CPP_TESTS=0, the

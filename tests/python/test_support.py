@@ -194,6 +194,8 @@ def first_files(tmp_path: Path, conftest: str) -> set[str]:
 
 
 def test_a_parallel_step_hands_out_its_costliest_files_first(tmp_path):
+    pytest.importorskip("xdist", reason="pytest-xdist runs CI's parallel steps: scripts/setup.sh installs it "
+                                        "(pyproject.toml's dependency group 'test')")
     # xdist alone hands out the files with the most tests first, so the costly one last; the schedule, first
     assert "test_costly" not in first_files(tmp_path, "")
     assert "test_costly" in first_files(tmp_path, SCHEDULED)
@@ -290,3 +292,67 @@ def test_a_test_holds_other_ray_starts_back_until_a_new_driver_joins_or_it_ends(
     assert not lock_taken(ray_start.LOCK_PATH)
     with ray_start.until_a_driver_joins(hold_s=0.5):  # nor past its bound
         wait_until(lambda: not lock_taken(ray_start.LOCK_PATH), 10, what="the release at hold_s")
+
+
+# ---- what the tests need is what scripts/setup.sh installs -----------------------------------------------------
+
+ROOT = Path(launch.__file__).parents[2]
+#: What scripts/setup.sh installs by name, outside pyproject.toml's dependency groups (pip: 25.1 or newer, for
+#: pip install --group).
+SETUP_INSTALLS = ("torch", "ray", "numpy", "pip")
+#: Modules a test asks for by name: pytest.importorskip("x"), importlib.util.find_spec("x").
+ASKED_FOR_BY_NAME = ("importorskip", "find_spec")
+
+
+def imported_by(path: Path) -> set[str]:
+    """The top-level names of the modules a file imports, or asks for by name."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ASKED_FOR_BY_NAME and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value.split(".")[0])
+    return names
+
+
+def dependency_groups() -> dict[str, list[str]]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pip's own copy of the same parser
+        from pip._vendor import tomli as tomllib
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+
+
+def normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_module_the_tests_use_comes_from_setup_or_a_dependency_group():
+    # CI's corners get their test tools the way a newcomer does (scripts/setup.sh), so a tool no list names would
+    # fail both; this names the file that needs it, and the plugins pytest loads by option, which no file imports
+    import importlib.metadata
+
+    groups = dependency_groups()
+    listed = {normalised(re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0])
+              for reqs in groups.values() for req in reqs if isinstance(req, str)} | set(SETUP_INSTALLS)
+    own = {p.stem for p in ROOT.rglob("*.py")} | {p.name for p in ROOT.rglob("*") if (p / "__init__.py").is_file()}
+    by_module = importlib.metadata.packages_distributions()
+    needed = {"xdist": "tests use -n (CI's parallel steps)", "pytest_timeout": "pyproject sets timeout"}
+    for path in sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "benchmarks").rglob("*.py")):
+        for name in imported_by(path) - own - set(sys.stdlib_module_names):
+            needed.setdefault(name, str(path.relative_to(ROOT)))
+    unlisted = {}
+    for name, where in sorted(needed.items()):
+        distributions = {normalised(d) for d in by_module.get(name, [name])}
+        if not distributions & listed:
+            unlisted[name] = (where, sorted(distributions))
+    assert unlisted == {}, (f"modules the tests need that scripts/setup.sh does not install (module: the file "
+                            f"that needs it, its distributions); add each to a dependency group of "
+                            f"pyproject.toml: {unlisted}")
+    assert {"build", "test"} <= set(groups)
