@@ -92,6 +92,12 @@ class LaunchEnvironmentError(GpuGuardError):
     """The launcher's environment variables are missing, malformed or contradict each other."""
 
 
+class LaunchVariablesIncompleteError(LaunchEnvironmentError):
+    """The launcher's variables agree but lack a field, typically the global rank: Lightning's own launcher,
+    ddp_spawn and torch.multiprocessing.spawn name it only in their init_process_group(rank=, world_size=) call,
+    which the zero-code check reads instead (auto/rank_at_init.py)."""
+
+
 class RayPlacementError(GpuGuardError):
     """A Ray placement that cannot work: bad arguments, a cluster too small for it, or options that fight it."""
 

@@ -39,6 +39,7 @@ _patches = Patches()
 _lock = threading.Lock()
 _enabled = False
 _announced = False
+_rank_announced = False  # this process's rank was said, at start or at init_process_group
 _watch: Optional["Watch"] = None  # the watchdog GPUGUARD_WATCH=1 started
 
 #: torch.distributed calls that use the default group's communicator: the first one runs the pending check.
@@ -146,9 +147,12 @@ def _init_process_group(original: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(extra, dict):
             kwargs.update(extra)
         check = group_check.before_init(kwargs, kwargs.get("backend"))
+        _announce_rank(check.context if check is not None else None, kwargs)
         if _flag("GPUGUARD_GUARD"):
             _arm_module_wrappers()  # guard(deep=True) whatever the backend (gloo on the CPU too)
-        if check is not None:
+        if check is not None and not check.gpu:  # its ranks alone: nothing to wait for, checked at once
+            _check_group("init_process_group (a group without NCCL: its ranks, not their GPUs)")
+        elif check is not None:
             _arm_triggers()
             device_id = kwargs.get("device_id")
             index = device_index.index_of(device_id) if device_id is not None else None
@@ -222,18 +226,53 @@ def _disarm_collectives() -> None:
 # ---- switching it on and off -------------------------------------------------------------------------------
 
 def _announce(origin: str) -> None:
-    global _announced
+    """One line when gpuguard arms itself, saying who this process is where the launcher says it; where it does
+    not (no launcher variables, or no rank among them), that the rank comes at init_process_group, where
+    _announce_rank says it: never "single" for what becomes rank 0 of 2."""
+    global _announced, _rank_announced
     if _announced:
         return
     _announced = True
-    context = device_index.launch_context()
-    who = (f"rank {context.rank}/{context.world_size} ({context.launcher})" if context is not None
-           else "launcher variables unreadable")
+    from ..errors import LaunchEnvironmentError, LaunchVariablesIncompleteError
+    from ..binding.launchers import detect
+
+    try:
+        context = detect()
+    except LaunchVariablesIncompleteError:
+        context, who = None, "rank not exported by the launcher (read at init_process_group)"
+    except LaunchEnvironmentError:
+        context, who = None, "launcher variables unreadable"
+    if context is not None and context.launcher == "single":
+        who = "no launcher variables (a single process, unless init_process_group names a rank)"
+    elif context is not None:
+        who = f"rank {context.rank}/{context.world_size} ({context.launcher})"
+        _rank_announced = True
     extras = " + guard(deep=True) on DDP/FSDP modules" if _flag("GPUGUARD_GUARD") else ""
     if _watch is not None:
         extras += " + a collective watchdog (GPUGUARD_WATCH)"
     sys.stderr.write(f"gpuguard: active (auto) pid {os.getpid()}, {who}, via {origin}: checking set_device, "
                      f"NCCL groups, device mismatches{extras}\n")
+    sys.stderr.flush()
+
+
+def _announce_rank(context: Any, kwargs: dict[str, Any]) -> None:
+    """At init_process_group, once: the rank this process is, where the line at start could not say it."""
+    global _rank_announced
+    if _rank_announced:
+        return
+    if context is None:  # a group gpuguard does not check (gloo): its rank, where it can be read
+        from ..errors import GpuGuardError
+        from .rank_at_init import context_at_init
+
+        try:
+            context = context_at_init(kwargs)
+        except GpuGuardError:
+            return
+    if context.world_size <= 1:
+        return
+    _rank_announced = True
+    sys.stderr.write(f"gpuguard: pid {os.getpid()} is rank {context.rank}/{context.world_size} "
+                     f"({context.launcher}: {context.description}), named at init_process_group\n")
     sys.stderr.flush()
 
 

@@ -14,15 +14,16 @@ only when none names one the current device (cuda:0 on every rank that never cal
 moves its model to ``cuda:LOCAL_RANK`` and gives DDP ``device_ids`` without ever calling set_device is right,
 and passes.
 
-The ranks meet through the store init creates (the default group's store), torchrun's agent store or, before
-torch's init, the TCPStore env:// would create (then handed to torch as ``store=``); inside Ray, through the
-group's rendezvous actor. The exchange, the verdict and the group rules are bind()'s
+Each rank is who the launcher says, with init's own ``rank=``/``world_size=`` (which torch forms the group with,
+and which alone name the rank under Lightning's launcher, ddp_spawn and torch.multiprocessing.spawn:
+rank_at_init). The ranks meet through the store init creates (the default group's store), torchrun's agent
+store or, before torch's init, the TCPStore env:// or a tcp:// init method would create (then handed to torch as
+``store=``); inside Ray, through the group's rendezvous actor. The exchange, the verdict and the group rules are bind()'s
 (``placement.exchange``, ``placement.raise_for``); gloo-only groups are never checked for sharing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 import threading
@@ -33,13 +34,16 @@ from .._core import host_fingerprint
 from ..deadline import Deadline
 from ..system.devices import devices
 from ..errors import DuplicateDeviceError, GpuGuardError, add_note
-from ..binding.launchers import LaunchContext, detect, run_id
+from ..binding.launchers import LaunchContext, run_id
 from ..binding.stray_contexts import stray_context_failure
 from ..placement import RankIdentity, check_gpu_processes, exchange, find_store, namespace_for, raise_for
-from ..placement.stores import env_store_for_init
+from ..placement.stores import env_store_for_init, tcp_init_address
 from .device_index import mapping_error, visible_gpu_count
+from .rank_at_init import context_at_init
 from . import json_report
 
+#: What the report says of the device of a rank whose group has no NCCL (gloo): no GPU is shared through it.
+NO_GPU_SHARED = "a group without NCCL shares no GPU: its ranks alone are checked"
 #: Seconds the whole check may take (all ranks arriving included); GPUGUARD_TIMEOUT overrides.
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -84,6 +88,7 @@ class GroupCheck:
     context: LaunchContext
     group: str
     store: Any  # None: find it when the check runs (the default group's store, after init)
+    gpu: bool = True  # NCCL-backed: the ranks' GPUs are compared; else only the ranks themselves
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -168,56 +173,52 @@ def pending() -> Optional[GroupCheck]:
 
 def before_init(kwargs: dict[str, Any], backend: Any) -> Optional[GroupCheck]:
     """Prepares the check of the group about to be initialised (adding ``store=`` to ``kwargs`` where gpuguard
-    creates the env:// store itself); returns it, or None when the group is not checked."""
+    creates the env:// or tcp:// store itself); returns it, or None when the group is not checked.
+
+    A group without NCCL (gloo) shares no GPU through it, so only its ranks are checked (every one arrived, with
+    the same world size), and leniently: launcher variables gpuguard cannot read, or no store to meet in, leave
+    it unchecked rather than stop a job that uses no GPU."""
     global _pending
-    if not nccl_backed(backend):
+    gpu = nccl_backed(backend)
+    try:
+        context = context_at_init(kwargs)
+    except GpuGuardError:
+        if gpu:
+            raise
         return None
-    context = as_torch_forms_it(detect(), kwargs)
     if context.world_size <= 1:
         return None
     group = context.group or "default"
     store = kwargs.get("store")
     from ..ray.store import RayStore, in_ray_worker
 
+    init_method = kwargs.get("init_method")
+    address = tcp_init_address(init_method) if isinstance(init_method, str) else None
     if in_ray_worker():
         store = RayStore(group)
-    elif store is None and kwargs.get("init_method") in (None, "env://"):
-        rank = kwargs.get("rank", -1)
-        world_size = kwargs.get("world_size", -1)
-        rank = context.rank if rank in (None, -1) else rank
-        world_size = context.world_size if world_size in (None, -1) else world_size
-        created = env_store_for_init(rank, world_size, float(kwargs.get("timeout").total_seconds())
-                                     if kwargs.get("timeout") is not None else 1800.0)
+    elif store is None and (init_method in (None, "env://") or address is not None):
+        # the store torch's env:// or tcp:// rendezvous would make, made here and handed to torch as store=
+        timeout = kwargs.get("timeout")
+        created = env_store_for_init(context.rank, context.world_size,
+                                     float(timeout.total_seconds()) if timeout is not None else 1800.0, address)
         if created is not None:
             kwargs.pop("init_method", None)
-            kwargs.update(store=created, rank=rank, world_size=world_size)
+            kwargs.update(store=created, rank=context.rank, world_size=context.world_size)
             store = created
         else:  # torchrun's agent store, found by find_store
-            store = find_store(None, group=group, world_size=context.world_size,
-                               deadline=Deadline(check_timeout()))
-    check = GroupCheck(context=context, group=group, store=store)
+            try:
+                store = find_store(None, group=group, world_size=context.world_size,
+                                   deadline=Deadline(check_timeout()))
+            except GpuGuardError:
+                if gpu:
+                    raise
+                return None
+    elif store is None and not gpu:  # another init method (file://): nowhere to meet before torch's init
+        return None
+    check = GroupCheck(context=context, group=group, store=store, gpu=gpu)
     with _state_lock:
         _pending = check
     return check
-
-
-def as_torch_forms_it(context: LaunchContext, kwargs: dict[str, Any]) -> LaunchContext:
-    """The launch context with init_process_group's own ``rank=`` and ``world_size=``: torch forms the group with
-    those, whatever the environment says. Ray Train V1 (Ray 2.43's default) passes them only as arguments, so the
-    environment alone would make every worker "rank 0 of 1" and skip the check."""
-    rank, world_size = kwargs.get("rank"), kwargs.get("world_size")
-    changes: dict[str, Any] = {}
-    sources = dict(context.sources)
-    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 and rank != context.rank:
-        changes["rank"] = rank
-        sources["rank"] = "init_process_group(rank=)"
-    if (isinstance(world_size, int) and not isinstance(world_size, bool) and world_size >= 1
-            and world_size != context.world_size):
-        changes["world_size"] = world_size
-        sources["world_size"] = "init_process_group(world_size=)"
-    if not changes:
-        return context
-    return dataclasses.replace(context, sources=sources, **changes)
 
 
 def torch_cannot_build_nccl_here() -> bool:
@@ -235,13 +236,14 @@ def run(trigger: str, chosen: Optional[Chosen] = None) -> None:  # noqa: D401
         if check.done:
             return
         check.done = True
-        _run(check, trigger, chosen or current_choice())
+        _run(check, trigger, (chosen or current_choice()) if check.gpu else None)
 
 
-def _identity(check: GroupCheck, chosen: Chosen, failure: Optional[GpuGuardError]) -> RankIdentity:
+def _identity(check: GroupCheck, chosen: Optional[Chosen], failure: Optional[GpuGuardError]) -> RankIdentity:
     context = check.context
-    found = devices()
-    device = found[chosen.index] if failure is None and 0 <= chosen.index < len(found) else None
+    found = devices() if chosen is not None else []
+    device = found[chosen.index] if chosen is not None and failure is None and 0 <= chosen.index < len(found) \
+        else None
     share = context.extra.get("ray_gpu_share")
     ray_ids = context.extra.get("ray_gpu_ids")
     return RankIdentity(
@@ -259,13 +261,14 @@ def _identity(check: GroupCheck, chosen: Chosen, failure: Optional[GpuGuardError
         failure_text="" if failure is None else str(failure))
 
 
-def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
+def _run(check: GroupCheck, trigger: str, chosen: Optional[Chosen]) -> None:
+    """The check; ``chosen`` None: a group without NCCL, whose ranks alone are compared (no device is read)."""
     deadline = Deadline(check_timeout())
     failure: Optional[GpuGuardError] = None
-    n = visible_gpu_count()
-    if n and not 0 <= chosen.index < n:
+    n = visible_gpu_count() if chosen is not None else 0
+    if chosen is not None and n and not 0 <= chosen.index < n:
         failure = mapping_error(chosen.index, n, chosen.how, check.context)
-    if failure is None and n:  # a context of this process on another GPU, made before this one was chosen
+    if chosen is not None and failure is None and n:  # a context on another GPU, made before this one was chosen
         failure = stray_context_failure(rank=check.context.rank, host=socket.gethostname(), own_index=chosen.index,
                                         found=devices(), local_rank=check.context.local_rank,
                                         local_world_size=check.context.local_world_size)
@@ -274,13 +277,15 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
     namespace = namespace_for(store, check.group, me.rank, run_id(check.context), deadline)
     verdict = exchange(store, me, namespace=namespace, deadline=deadline)
     record: Callable[[str, str], None] = lambda kind, message: json_report.write(
-        check.context, check.group, chosen.index, chosen.how, trigger, kind, message)
+        check.context, check.group, chosen.index if chosen is not None else None,
+        chosen.how if chosen is not None else NO_GPU_SHARED, trigger, kind, message)
     if failure is not None:
         record(type(failure).__name__, str(failure))
         raise failure
     try:
         raise_for(verdict, me)
     except DuplicateDeviceError as exc:
+        assert chosen is not None  # a rank of a group without NCCL reads no GPU, so it shares none
         note = f"gpuguard (auto, at {trigger}): rank {me.rank} is on cuda:{chosen.index} because {chosen.how}."
         if chosen.fallback and check.context.launcher != "ray":
             note += (" Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, or "
@@ -300,13 +305,14 @@ def _run(check: GroupCheck, trigger: str, chosen: Chosen) -> None:
         record(type(exc).__name__, str(exc))
         raise
     try:  # other programs' memory on this rank's GPU (GPUGUARD_REQUIRE_EXCLUSIVE=1: an error on every rank)
-        check_gpu_processes(store, me, namespace=verdict.namespace, deadline=deadline,
-                            require_exclusive=os.environ.get("GPUGUARD_REQUIRE_EXCLUSIVE", "") == "1")
+        if chosen is not None:
+            check_gpu_processes(store, me, namespace=verdict.namespace, deadline=deadline,
+                                require_exclusive=os.environ.get("GPUGUARD_REQUIRE_EXCLUSIVE", "") == "1")
     except GpuGuardError as exc:
         record(type(exc).__name__, str(exc))
         raise
     record(verdict.kind, verdict.message)
-    if n:  # from now on, a context made on another GPU is reported where it is made
+    if chosen is not None and n:  # from now on, a context made on another GPU is reported where it is made
         from ..system import context_monitor
 
         context_monitor.start(me.rank, chosen.index)

@@ -526,19 +526,39 @@ def _ray_store(group: str) -> Optional[Store]:
     return RayStore(group)
 
 
-def env_store_for_init(rank: int, world_size: int, timeout: float) -> Optional[Store]:
+def tcp_init_address(init_method: str) -> Optional[tuple[str, int]]:
+    """(host, port) of an ``init_method="tcp://host:port"`` (torch's tcp:// rendezvous, where rank 0 serves a
+    TCPStore there), else None. A tcp:// URL torch would refuse (no port) is left to torch to refuse."""
+    from urllib.parse import urlparse
+
+    if not isinstance(init_method, str) or not init_method.startswith("tcp://"):
+        return None
+    try:
+        url = urlparse(init_method)
+        port = url.port
+    except ValueError:
+        return None
+    return (url.hostname, port) if url.hostname and port else None
+
+
+def env_store_for_init(rank: int, world_size: int, timeout: float,
+                       address: Optional[tuple[str, int]] = None) -> Optional[Store]:
     """For ``gpuguard.init_process_group`` under env:// without torchrun (srun, mpirun, plain variables): the
     TCPStore torch's env:// rendezvous would create (rank 0 serves it on MASTER_ADDR:MASTER_PORT), created
     here so that bind() can meet the other ranks through it first; it is then handed to torch as ``store=``,
     so ``timeout`` is the store's own timeout for torch's later use. None where there is nothing to create:
-    one process, torchrun's agent store, or no MASTER_ADDR/MASTER_PORT.
+    one process, torchrun's agent store, or no MASTER_ADDR/MASTER_PORT. ``address``: a tcp:// init method's
+    host and port (tcp_init_address), where torch's tcp:// rendezvous would serve the same store.
     """
-    if world_size <= 1 or _uses_agent_store():
+    if world_size <= 1 or (address is None and _uses_agent_store()):
         return None
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not host or not port:
-        return None
-    port_number = _master_port(port)
+    if address is not None:
+        host, port_number = address
+    else:
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port:
+            return None
+        port_number = _master_port(port)
     import torch.distributed as dist
 
     try:
@@ -547,7 +567,9 @@ def env_store_for_init(rank: int, world_size: int, timeout: float) -> Optional[S
                              multi_tenant=True)
     except Exception as exc:  # noqa: BLE001 - c10d raises several types; say which store and why
         raise GpuGuardError(f"could not {'serve' if rank == 0 else 'reach'} the rendezvous store at "
-                            f"{host}:{port_number} (MASTER_ADDR/MASTER_PORT): {exc}", host=host,
+                            f"{host}:{port_number} ("
+                            f"{'MASTER_ADDR/MASTER_PORT' if address is None else 'init_method tcp://'}): {exc}",
+                            host=host,
                             port=port_number) from exc
 
 

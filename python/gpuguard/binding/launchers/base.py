@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
-from ...errors import LaunchEnvironmentError
+from ...errors import LaunchEnvironmentError, LaunchVariablesIncompleteError
 from ...group_name import is_group_name
 
 #: Overrides detection: the name of one launcher in ``LAUNCHERS`` (``torchrun``, ``slurm``, ``env``, ...).
@@ -196,7 +196,7 @@ def _disagreement(name: str, first: tuple[str, int], second: tuple[str, int], a:
 
 
 def _missing(primary: Launcher, missing: Sequence[str], readings: Sequence[Reading],
-             env: Mapping[str, str]) -> LaunchEnvironmentError:
+             env: Mapping[str, str]) -> LaunchVariablesIncompleteError:
     expected = []
     for name in missing:
         candidates = [primary.expected(name)] + [r.launcher.expected(name) for r in readings[1:]]
@@ -205,7 +205,7 @@ def _missing(primary: Launcher, missing: Sequence[str], readings: Sequence[Readi
             names = [PLAIN_VARIABLES[name]]
         expected.append(" or ".join(names))
     known = ", ".join(f"{readings[0].sources[n]}={readings[0].values[n]}" for n in readings[0].values)
-    return LaunchEnvironmentError(
+    return LaunchVariablesIncompleteError(
         f"This process looks started by {primary.description} ({known or 'its marker variables are set'}), "
         f"but {', '.join(expected)} {'is' if len(expected) == 1 else 'are'} not set, so its "
         f"{' and '.join(n.replace('_', ' ') for n in missing)} cannot be known. Launch it with a launcher "

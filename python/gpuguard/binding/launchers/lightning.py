@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ...errors import LaunchEnvironmentError
+from ...errors import LaunchVariablesIncompleteError
 from .base import Reading, _VariableLauncher
 
 
 class LightningLauncher(_VariableLauncher):
     """PyTorch Lightning's own launcher (Trainer/Fabric with ``strategy="ddp"`` started as ``python train.py``):
     it re-runs the script for local ranks 1.. with MASTER_ADDR, MASTER_PORT, NODE_RANK, LOCAL_RANK and
-    WORLD_SIZE (= devices x num_nodes) and no RANK (lightning/fabric/strategies/launchers/subprocess_script.py,
-    ``_call_children_scripts``); Lightning computes the global rank itself, in the Trainer. Without RANK and
-    the number of devices per node the rank cannot be read, so this is an error that says what to pass."""
+    WORLD_SIZE (= devices x num_nodes) and no RANK (lightning/pytorch/strategies/launchers/subprocess_script.py,
+    ``_call_children_scripts``); Lightning computes the global rank itself and passes it to
+    ``init_process_group(rank=, world_size=)`` (lightning/fabric/utilities/distributed.py,
+    ``_init_dist_connection``). The environment is consistent, only incomplete until that call: the zero-code
+    check reads the rank there (auto/rank_at_init.py); ``bind()`` before it is told what to pass."""
 
     name = "lightning"
     description = "Lightning's subprocess launcher"
@@ -25,12 +27,14 @@ class LightningLauncher(_VariableLauncher):
 
     def read(self, env: Mapping[str, str]) -> Reading:
         reading = super().read(env)
-        raise LaunchEnvironmentError(
+        raise LaunchVariablesIncompleteError(
             f"This process has LOCAL_RANK={env['LOCAL_RANK']}, NODE_RANK={env['NODE_RANK']} and "
             f"WORLD_SIZE={env['WORLD_SIZE']} but no RANK: it was started by Lightning's own launcher "
-            f"(strategy='ddp' run as `python train.py`), which never exports the global rank, so gpuguard "
-            f"cannot know it. Call gpuguard.bind(rank=trainer.global_rank, world_size=trainer.world_size, "
-            f"local_rank=trainer.local_rank) once Lightning has set up (e.g. in setup() of your "
-            f"LightningModule; fabric.global_rank etc. with Fabric), or start the script with torchrun "
-            f"(torchrun --nproc_per_node=<devices> train.py), whose variables Lightning and gpuguard both read.",
+            f"(strategy='ddp' run as `python train.py`), which never exports the global rank; Lightning names "
+            f"it only in its init_process_group call. Call gpuguard.bind(rank=trainer.global_rank, "
+            f"world_size=trainer.world_size, local_rank=trainer.local_rank) once Lightning has set up (or add "
+            f"gpuguard.frameworks.lightning.GpuGuardCallback() to the Trainer's callbacks, which does; fabric.global_rank etc. "
+            f"with Fabric), run the job under `gpuguard run`, which reads the rank from that call, or start the "
+            f"script with torchrun (torchrun --nproc_per_node=<devices> train.py), whose variables Lightning and "
+            f"gpuguard both read.",
             variables={n: reading.values[n] for n in reading.values}, launcher=self.name)
