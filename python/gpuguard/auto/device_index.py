@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 from ..system.devices import devices
 from ..errors import GpuGuardError, RankMappingError
-from ..binding.device_choice import start_fewer_per_node
 from ..binding.launchers import LaunchContext, detect
+from .framework_advice import fewer_per_node, framework_of
 
 _count: Optional[int] = None
 
@@ -73,7 +73,7 @@ def mapping_error(index: int, n: int, call: str, context: Optional[LaunchContext
         lws = context.local_world_size
         fix = (f"The index already is the local rank: this node runs "
                + (f"{lws} processes ({context.source('local_world_size')})" if lws is not None else "more processes")
-               + f" but shows {n} GPU{'s' if n != 1 else ''}. {start_fewer_per_node(n)}.")
+               + f" but shows {n} GPU{'s' if n != 1 else ''}. {fewer_per_node(n, framework_of(context))}.")
     details: dict[str, Any] = {"requested_index": index, "visible_device_count": n, "host": host,
                                "cuda_visible_devices": visible}
     if context is not None:

@@ -39,6 +39,7 @@ from ..binding.stray_contexts import stray_context_failure
 from ..placement import RankIdentity, check_gpu_processes, exchange, find_store, namespace_for, raise_for
 from ..placement.stores import env_store_for_init, tcp_init_address
 from .device_index import mapping_error, visible_gpu_count
+from .framework_advice import check_lightning_spawning, device_never_named, fewer_per_node, framework_of
 from .rank_at_init import context_at_init
 from . import json_report
 
@@ -186,6 +187,7 @@ def before_init(kwargs: dict[str, Any], backend: Any) -> Optional[GroupCheck]:
         if gpu:
             raise
         return None
+    check_lightning_spawning(context)  # whatever the backend: that job would wait for ranks nobody started
     if context.world_size <= 1:
         return None
     group = context.group or "default"
@@ -287,9 +289,13 @@ def _run(check: GroupCheck, trigger: str, chosen: Optional[Chosen]) -> None:
     except DuplicateDeviceError as exc:
         assert chosen is not None  # a rank of a group without NCCL reads no GPU, so it shares none
         note = f"gpuguard (auto, at {trigger}): rank {me.rank} is on cuda:{chosen.index} because {chosen.how}."
+        framework = framework_of(check.context)
+        lws = check.context.local_world_size
         if chosen.fallback and check.context.launcher != "ray":
-            note += (" Call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before init_process_group, or "
-                     "pass device_id= to it.")
+            note += " " + device_never_named(framework)
+        elif not chosen.fallback and lws is not None and n and lws > n and framework is not None:
+            note += (f" This node runs {lws} processes ({check.context.source('local_world_size')}) but shows "
+                     f"{n} GPU{'s' if n != 1 else ''}. {fewer_per_node(n, framework)}.")
         share = check.context.extra.get("ray_gpu_share")
         if check.context.launcher == "ray" and isinstance(share, float) and share < 1:
             from ..ray.store import in_ray_train_worker

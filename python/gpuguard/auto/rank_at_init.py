@@ -8,7 +8,8 @@ exactly those, so the zero-code check reads them there: ``detect()``'s answer wh
 environment does say (LOCAL_RANK, NODE_RANK, LOCAL_WORLD_SIZE). Variables that contradict the call, or each
 other, are still an error: only a missing field is completed. The launcher is named after the framework whose
 code made the call (``lightning``, ``accelerate``, ...), found on the call stack, or the way the process was
-started (``spawn``: a multiprocessing child), so the report never says "single" for rank 0 of 2.
+started (``spawn``: a multiprocessing child), so the report never says "single" for rank 0 of 2; that framework
+is kept in every context's ``extra["framework"]``, for advice in its own words (framework_advice).
 """
 
 from __future__ import annotations
@@ -53,9 +54,8 @@ def calling_framework() -> Optional[str]:
     return None
 
 
-def started_as(env: Mapping[str, str]) -> tuple[str, str]:
+def started_as(env: Mapping[str, str], framework: Optional[str]) -> tuple[str, str]:
     """(launcher name, description) of a process whose rank only init_process_group names."""
-    framework = calling_framework()
     if LightningLauncher().present(env):
         return "lightning", "Lightning's subprocess launcher (rank from init_process_group(rank=))"
     if framework is not None:
@@ -69,13 +69,17 @@ def context_at_init(kwargs: Mapping[str, Any], env: Optional[Mapping[str, str]] 
     """The context the check of the group about to be formed uses. Raises LaunchEnvironmentError when the
     variables are malformed or contradictory, or incomplete and the call does not name the rank either."""
     env = os.environ if env is None else env
+    framework = calling_framework()
     try:
         context = with_init_ranks(detect(env), kwargs)
     except LaunchVariablesIncompleteError as missing:
-        return from_init_call(kwargs, env, missing)
-    if context.launcher == "single" and context.world_size > 1:  # no launcher, but the call names a rank
-        return from_init_call(kwargs, env, None)
-    return context
+        context = from_init_call(kwargs, env, missing, framework)
+    else:
+        if context.launcher == "single" and context.world_size > 1:  # no launcher, but the call names a rank
+            context = from_init_call(kwargs, env, None, framework)
+    if framework is None:
+        return context
+    return dataclasses.replace(context, extra={**context.extra, "framework": framework})
 
 
 def with_init_ranks(context: LaunchContext, kwargs: Mapping[str, Any]) -> LaunchContext:
@@ -95,7 +99,7 @@ def with_init_ranks(context: LaunchContext, kwargs: Mapping[str, Any]) -> Launch
 
 
 def from_init_call(kwargs: Mapping[str, Any], env: Mapping[str, str],
-                   missing: Optional[LaunchVariablesIncompleteError]) -> LaunchContext:
+                   missing: Optional[LaunchVariablesIncompleteError], framework: Optional[str]) -> LaunchContext:
     """The context init_process_group's rank= and world_size= give, with what the environment adds; ``missing``:
     the launcher's word on what it lacks, raised when the call does not name the rank either."""
     rank, world_size = init_int(kwargs, "rank", 0), init_int(kwargs, "world_size", 1)
@@ -123,7 +127,7 @@ def from_init_call(kwargs: Mapping[str, Any], env: Mapping[str, str],
         raise LaunchEnvironmentError(
             f"LOCAL_RANK={values['local_rank']} is not below LOCAL_WORLD_SIZE={values['local_world_size']}.",
             variables={"LOCAL_RANK": values["local_rank"], "LOCAL_WORLD_SIZE": values["local_world_size"]})
-    name, description = started_as(env)
+    name, description = started_as(env, framework)
     return LaunchContext(launcher=name, description=description, rank=rank, world_size=world_size,
                          local_rank=values.get("local_rank"), local_world_size=values.get("local_world_size"),
                          node_rank=values.get("node_rank"), sources=sources, group=read_group(env))
