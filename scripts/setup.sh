@@ -8,7 +8,7 @@
 #   GPUGUARD_BUILD_TYPE   CMake build type of the installed modules (default RelWithDebInfo, as scripts/test.sh)
 #   GPUGUARD_CPP_TESTS=0  leave the C++ tests out of the shared build folder (the fakes are built either way)
 #   GPUGUARD_SETUP_GROUPS the optional dependency groups of pyproject.toml to install besides build and test
-#                         (default: scale-simulation; "" for none: CI's oldest corner, whose tests skip without them)
+#                         (default: scale-simulation frameworks; the tests that need one skip without it)
 #   scripts/setup.sh --system-only    the Debian packages alone (CI, before it makes its venvs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ PY=${PYTHON:-python3}
 # `pip install --group` needs pip 25.1 or newer.
 "$PY" -m pip install -q --disable-pip-version-check "pip>=25.1"
 groups=()
-for group in build test ${GPUGUARD_SETUP_GROUPS-scale-simulation}; do groups+=(--group "$group"); done
+for group in build test ${GPUGUARD_SETUP_GROUPS-scale-simulation frameworks}; do groups+=(--group "$group"); done
 "$PY" -m pip install -q --disable-pip-version-check \
   "${GPUGUARD_TORCH:-torch>=2.6}" "${GPUGUARD_RAY:-ray[default,train]>=2.43}" numpy "${groups[@]}"
 # --no-build-isolation: gpuguard._libtorch must be compiled against the torch installed above (its ABI and version).

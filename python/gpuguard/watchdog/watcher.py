@@ -350,6 +350,11 @@ def watch(stall_after: Optional[float] = None, *, on_stall: str = "report",
     return _active
 
 
+def running() -> Optional[Watch]:
+    """The watch() running in this process (the zero-code mode's, a framework hook's, the user's), if any."""
+    return _active
+
+
 def watch_from_environment(environ: Mapping[str, str] = os.environ,
                            launch_context: Optional[Callable[[], Any]] = None) -> Optional[Watch]:
     """The zero-code entry point: watch() when GPUGUARD_WATCH=1, with GPUGUARD_STALL_AFTER (seconds) and
