@@ -14,4 +14,5 @@ scrubbed``); the launcher puts tests/ on the path of the processes it starts, so
     ray_head RayHead: a Ray cluster of the test's own, always stopped
     ray_start one Ray cluster starting at a time among the test processes (a lock every pytest process shares)
     schedule the order in which pytest-xdist hands out a parallel step's files: the costliest first (a plugin)
+    framework_jobs  the Lightning, HF Trainer and DeepSpeed programs the framework tests and docs/frameworks.md run
 """

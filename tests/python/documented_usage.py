@@ -135,12 +135,14 @@ def write_program(block: Block, setup: Setup, folder: Path) -> list[str]:
 
 
 def command_shim(folder: Path) -> Path:
-    """A folder holding ``gpuguard``, running this interpreter's ``-m gpuguard`` (the tree under test)."""
+    """A folder holding ``gpuguard``, running this interpreter's ``-m gpuguard`` (the tree under test), and
+    ``python``, this interpreter (the reader's venv's python, which a block's `python train.py` means)."""
     bin_dir = folder / "bin"
     bin_dir.mkdir(exist_ok=True)
-    shim = bin_dir / "gpuguard"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gpuguard "$@"\n')
-    shim.chmod(0o755)
+    for name, command in (("gpuguard", f'"{sys.executable}" -m gpuguard'), ("python", f'"{sys.executable}"')):
+        shim = bin_dir / name
+        shim.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        shim.chmod(0o755)
     return bin_dir
 
 

@@ -17,7 +17,9 @@ from typing import Iterator
 
 import pytest
 
+from gg_testing import framework_jobs
 from gg_testing.env import scrubbed
+from gg_testing.ports import free_port
 from gg_testing.paths import ROOT
 from gg_testing.procs import run_logged
 from gg_testing.ray_head import RayHead
@@ -170,6 +172,29 @@ SETUPS: dict[str, Setup] = {
             """,
         expect=("gpuguard: rank 0/2 local 0/? -> cuda:0 (GPU-5a6b7c00-",
                 "gpuguard: rank 1/2 local 1/? -> cuda:1 (GPU-5a6b8d11-")),
+    # docs/frameworks.md: a Trainer with strategy="ddp" on 2 CPU processes, run as `gpuguard run -- python train.py`
+    "lightning-job": Setup(
+        topology="h100x4", files={"train.py": framework_jobs.LIGHTNING_TRAINER},
+        expect=("fit done on rank 0", "is rank 1/2 (lightning: Lightning's subprocess launcher",
+                "gpuguard: Lightning rank 1/2: guard() on DistributedDataParallel + watch() of the collectives")),
+    # docs/frameworks.md: the callback given by hand to a Trainer of one CPU process
+    "lightning-model": Setup(
+        before=framework_jobs.LIGHTNING_MODULE + "model = Regression()\n",
+        expect=("gpuguard: Lightning rank 0/1: guard() on Regression",)),
+    "fabric-model": Setup(
+        before="import torch\nfrom torch import nn\n\nmodel = nn.Linear(4, 1)\n"
+               "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        expect=("gpuguard: Fabric rank 0/1: guard() on _FabricModule",)),
+    "hf-trainer": Setup(
+        before=framework_jobs.HF_PIECES,
+        expect=("gpuguard: Trainer rank 0/1: guard() on BertForSequenceClassification",)),
+    # one process as DeepSpeed's launcher would start it (its variables set in the program: the test's environment
+    # is scrubbed of launcher variables), on DeepSpeed's CPU accelerator
+    "deepspeed-model": Setup(
+        before=f'import os\nos.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", '
+               f'MASTER_PORT="{free_port()}")\n' + framework_jobs.DEEPSPEED_PIECES,
+        env={"DS_ACCELERATOR": "cpu"},
+        expect=("gpuguard: DeepSpeed rank 0/1: guard() on Linear",)),
 }
 
 BLOCKS = [b for b in documented_blocks() if b.runnable_language]

@@ -12,53 +12,15 @@ then init_process_group(device_id=)), needs torch to see a GPU: tests/python/gpu
 from __future__ import annotations
 
 import importlib.util
-import json
-import sys
 
 import pytest
 
 from gg_testing import launch
-from gg_testing.env import auto_env
-from gg_testing.launch import write
+from gg_testing.framework_jobs import LIGHTNING_TRAINER as TRAINER, gpuguard_run, report_rows as rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("lightning") is None,
     reason="needs Lightning: scripts/setup.sh installs it (pyproject.toml's dependency group 'frameworks')")]
-
-TRAINER = """
-import os
-
-import torch
-from torch import nn
-import lightning as L
-from lightning.pytorch.strategies import DDPStrategy
-
-
-class Regression(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = nn.Linear(4, 1)
-
-    def forward(self, x):
-        return self.layer(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-if __name__ == "__main__":
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    strategy = DDPStrategy(process_group_backend=os.environ["BACKEND"],
-                           start_method="spawn" if os.environ.get("SPAWN") else "popen")
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=8))
-    print(f"fit done on rank {trainer.global_rank}", flush=True)
-"""
 
 FABRIC = """
 import os
@@ -85,19 +47,7 @@ if __name__ == "__main__":
 
 
 def run_job(fake_gpus, tmp_path, code: str, *command: str, **extra: str):
-    """`gpuguard run --json-report` of ``command`` (the script written from ``code``), on 4 fake GPUs."""
-    script = write(tmp_path, "train.py", code)
-    report = tmp_path / "report.json"
-    env = auto_env(fake_gpus.env("h100x4"), **extra)
-    env.pop("GPUGUARD")  # `gpuguard run` sets it
-    argv = [sys.executable, "-m", "gpuguard", "run", "--json-report", str(report), "--",
-            *(command or (sys.executable,)), str(script)]
-    finished = launch.Job(argv, env, tmp_path).wait()
-    return finished, json.loads(report.read_text()) if report.exists() else {"ranks": []}
-
-
-def rows(report) -> list[tuple]:
-    return [(r["rank"], r["world_size"], r["launcher"], r["framework"], r["verdict"]) for r in report["ranks"]]
+    return gpuguard_run(fake_gpus, tmp_path, code, list(command), **extra)
 
 
 @pytest.mark.parametrize("spawn", ["", "1"], ids=["own launcher", "ddp_spawn"])

@@ -300,6 +300,8 @@ ROOT = Path(launch.__file__).parents[2]
 #: What scripts/setup.sh installs by name, outside pyproject.toml's dependency groups (pip: 25.1 or newer, for
 #: pip install --group).
 SETUP_INSTALLS = ("torch", "ray", "numpy", "pip")
+#: The standard library's modules newer than the oldest supported Python (3.10), which a test imports where it has them.
+STDLIB_SINCE_3_11 = ("tomllib",)
 #: Modules a test asks for by name: pytest.importorskip("x"), importlib.util.find_spec("x").
 ASKED_FOR_BY_NAME = ("importorskip", "find_spec")
 
@@ -341,11 +343,15 @@ def test_every_module_the_tests_use_comes_from_setup_or_a_dependency_group():
     groups = dependency_groups()
     listed = {normalised(re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0])
               for reqs in groups.values() for req in reqs if isinstance(req, str)} | set(SETUP_INSTALLS)
-    own = {p.stem for p in ROOT.rglob("*.py")} | {p.name for p in ROOT.rglob("*") if (p / "__init__.py").is_file()}
+    # the repository's own top-level modules and packages (gpuguard's own modules are not top-level: its
+    # gpuguard.frameworks.lightning is no `lightning`)
+    python = ROOT / "python"
+    own = {p.stem for p in ROOT.rglob("*.py") if python / "gpuguard" not in p.parents} \
+        | {p.name for p in ROOT.rglob("*") if (p / "__init__.py").is_file() and python / "gpuguard" not in p.parents}
     by_module = importlib.metadata.packages_distributions()
     needed = {"xdist": "tests use -n (CI's parallel steps)", "pytest_timeout": "pyproject sets timeout"}
     for path in sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "benchmarks").rglob("*.py")):
-        for name in imported_by(path) - own - set(sys.stdlib_module_names):
+        for name in imported_by(path) - own - set(sys.stdlib_module_names) - set(STDLIB_SINCE_3_11):
             needed.setdefault(name, str(path.relative_to(ROOT)))
     unlisted = {}
     for name, where in sorted(needed.items()):

@@ -6,7 +6,7 @@ DeepSpeed's ``--num_gpus`` (never checked against the GPUs there are), Lightning
 accelerator names each rank's device), and a LOCAL_RANK left in the shell, which Lightning reads as "a launcher
 started every rank" and so starts none of the others. The framework is the one whose code called
 init_process_group (rank_at_init.calling_framework, kept in the context's ``extra["framework"]``) or whose
-launcher started the rank (``accelerate launch`` marks its workers with ACCELERATE_DYNAMO_BACKEND).
+launcher started the rank (``accelerate launch`` marks its workers with ACCELERATE_MIXED_PRECISION).
 """
 
 from __future__ import annotations
@@ -18,18 +18,21 @@ from typing import Any, Mapping, Optional
 from ..binding.device_choice import start_fewer_per_node
 from ..errors import LaunchEnvironmentError
 
-#: A variable `accelerate launch` sets in every worker it starts (accelerate/utils/launch.py, prepare_*_env).
-ACCELERATE_LAUNCH_MARK = "ACCELERATE_DYNAMO_BACKEND"
+#: A variable `accelerate launch` sets in every worker it starts, with or without DeepSpeed
+#: (accelerate/utils/launch.py: prepare_simple_launcher_cmd_env, prepare_multi_gpu_env, prepare_deepspeed_cmd_env).
+ACCELERATE_LAUNCH_MARK = "ACCELERATE_MIXED_PRECISION"
 
 
 def framework_of(context: Any, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The framework behind this rank: the caller of init_process_group, else its launcher's."""
+    """The framework behind this rank: accelerate where `accelerate launch` started it (its settings placed the
+    rank, whichever library then called init_process_group: DeepSpeed under --use_deepspeed), else the caller of
+    init_process_group, else its launcher's."""
     env = os.environ if env is None else env
     extra = getattr(context, "extra", {}) or {}
-    if extra.get("framework"):
-        return str(extra["framework"])
     if ACCELERATE_LAUNCH_MARK in env:
         return "accelerate"
+    if extra.get("framework"):
+        return str(extra["framework"])
     launcher = getattr(context, "launcher", None)
     return launcher if launcher in ("deepspeed", "lightning") else None
 
@@ -39,8 +42,9 @@ def fewer_per_node(n: int, framework: Optional[str]) -> str:
     gpus = f"{n} GPU" + ("" if n == 1 else "s")
     if framework == "accelerate":
         return (f"Start at most {n} per node: accelerate launch --num_processes {n} (num_processes in the accelerate "
-                f"config), or gpu_ids naming as many GPUs as processes. accelerate puts local process i on GPU "
-                f"i % {n} and never checks --num_processes against the {gpus} a node shows")
+                f"config), or gpu_ids naming as many GPUs as processes. accelerate never checks --num_processes "
+                f"against the {gpus} a node shows (without DeepSpeed it puts local process i on GPU i % {n}, so "
+                f"the extra processes share GPUs silently)")
     if framework == "deepspeed":
         return (f"Start at most {n} per node: deepspeed --num_gpus {n} (or --include localhost:<{n} GPU ids>). "
                 f"DeepSpeed's launcher starts --num_gpus processes per node whatever GPUs the node shows")
