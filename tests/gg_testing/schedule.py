@@ -16,6 +16,7 @@ import pytest
 COSTLIEST = (
     "tests/cluster/test_real_launchers.py",
     "tests/python/test_bind_explicit.py",
+    "tests/python/test_framework_lightning.py",
     "tests/python/test_auto.py",
     "tests/python/test_explain_compiled_mismatch.py",
     "tests/python/test_tensor_devices_compiled_distributed.py",
