@@ -35,6 +35,9 @@ done
 # ---- the tools: pyproject.toml's `wheels` group in a venv of their own, remade when the group changes ----------
 group_hash=$(sed -n '/^\[dependency-groups\]/,/^\[/{/^\(build\|wheels\) = /p}' pyproject.toml | sha256sum | cut -c1-12)
 TOOLS="$CACHE/tools-$group_hash"
+# one maker of the shared venvs at a time (CI builds two corners' wheels at once); 10 minutes at most
+exec 9>"$CACHE/.venvs.lock"
+flock -w 600 9 || die "another build_wheels.sh held $CACHE/.venvs.lock for 10 minutes"
 if [ ! -f "$TOOLS/.complete" ]; then
   say "installing the wheels' tools (pyproject.toml's wheels group) into $TOOLS"
   rm -rf "$TOOLS"
@@ -43,6 +46,7 @@ if [ ! -f "$TOOLS/.complete" ]; then
   "$TOOLS/bin/python" -m pip install -q --disable-pip-version-check --group wheels
   touch "$TOOLS/.complete"
 fi
+flock -u 9
 ZIG=$("$TOOLS/bin/python" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
 # zig's clang as CMake's C++ compiler: a script, since CMake takes a compiler's path, not its arguments. zig keeps
 # its libc++ and glibc stubs, built on first use (about 4 minutes here), in its global cache.
@@ -142,6 +146,7 @@ for PY in "${PYTHONS[@]}"; do
   # _core by zig, and the package, through scikit-build-core, in a venv holding pyproject.toml's build group for
   # this Python
   BUILDVENV="$CACHE/build-$TAG-$group_hash"
+  flock -w 600 9 || die "another build_wheels.sh held $CACHE/.venvs.lock for 10 minutes"
   if [ ! -f "$BUILDVENV/.complete" ]; then
     base=$("$PY" -c 'import sys; print(sys._base_executable)')
     rm -rf "$BUILDVENV" && "$base" -m venv "$BUILDVENV"
@@ -149,6 +154,7 @@ for PY in "${PYTHONS[@]}"; do
     "$BUILDVENV/bin/python" -m pip install -q --disable-pip-version-check --group build
     touch "$BUILDVENV/.complete"
   fi
+  flock -u 9
   RAW="build/wheels/raw-$TAG"
   rm -rf "$RAW"
   say "$TAG: _core (zig c++, glibc 2.28, static libc++) and the package"
