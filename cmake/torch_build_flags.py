@@ -37,13 +37,16 @@ def facts_from_files(torch_dir: Path) -> dict[str, str]:
     pybind11 = []
     major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
     if (major, minor) <= (2, 9):
-        found = re.search(rb"__pybind11_internals_v\d+(_gcc|_clang|_icc)(_libstdcpp|_libcpp)(_cxxabi\d+)__",
-                          (torch_dir / "lib" / "libtorch_python.so").read_bytes())
-        if not found:
+        binary = (torch_dir / "lib" / "libtorch_python.so").read_bytes()
+        found = re.search(rb"__pybind11_internals_v\d+(_gcc|_clang|_icc)(_libstdcpp|_libcpp)(_cxxabi\d+)__", binary)
+        if found:
+            pybind11 = [f'PYBIND11_{name}="{value.decode()}"'
+                        for name, value in zip(("COMPILER_TYPE", "STDLIB", "BUILD_ABI"), found.groups())]
+        # 2.9 bundles pybind11 3, whose id ("__pybind11_internals_v11_system_libstdcpp_gxx_abi_1xxx_...") no such
+        # flag changes: none, as for 2.10 on
+        elif not re.search(rb"__pybind11_internals_v\d+_system_", binary):
             raise SystemExit(f"cmake/torch_build_flags.py: no pybind11 internals id in {torch_dir}/lib/"
                              f"libtorch_python.so, which torch {version} should carry")
-        pybind11 = [f'PYBIND11_{name}="{value.decode()}"'
-                    for name, value in zip(("COMPILER_TYPE", "STDLIB", "BUILD_ABI"), found.groups())]
     # as cpp_extension.include_paths() lists them (include/TH and include/THC up to 2.6)
     include = [torch_dir / "include", torch_dir / "include" / "torch" / "csrc" / "api" / "include",
                torch_dir / "include" / "TH", torch_dir / "include" / "THC"]
