@@ -6,8 +6,15 @@
 # torch_cpu) plus gpuguard::torch_python (which carries those pybind11 flags too). The C++ ABI itself is set for
 # the whole build by the top-level CMakeLists.txt.
 
+# GPUGUARD_TORCH_DIR (a torch package folder, not installed: scripts/build_wheels.sh's unpacked wheels) reads the
+# same facts from its files instead of importing the interpreter's torch.
+set(GPUGUARD_TORCH_DIR "" CACHE PATH "Build against the torch package in this folder (its files read, not imported)")
+set(_torch_from "")
+if(GPUGUARD_TORCH_DIR)
+  set(_torch_from --torch-dir "${GPUGUARD_TORCH_DIR}")
+endif()
 execute_process(
-  COMMAND "${Python_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/torch_build_flags.py" --cmake
+  COMMAND "${Python_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/cmake/torch_build_flags.py" --cmake ${_torch_from}
   OUTPUT_VARIABLE _torch_info
   RESULT_VARIABLE _torch_rc
   ERROR_VARIABLE _torch_err

@@ -4,8 +4,8 @@
 # corner (.ci/run).
 #   PYTHON=...   a venv's interpreter that has torch (default python3). The fresh venv is made from the same base
 #                Python (no --system-site-packages) and gets that torch: its files and its dependencies' files,
-#                hard-linked from the venv that has them (no download; the console scripts, torchrun and the like,
-#                are left out). Nothing else: the build's tools must come from the README's lines.
+#                hard-linked from the venv that has them (scripts/venv_with_torch.py). Nothing else: the build's
+#                tools must come from the README's lines.
 #   GPUGUARD_README_VENV   the folder for the venv (default ~/.cache/gpuguard-ci/readme-install), emptied first.
 #                pip's build goes to build/readme-install in the clone (SKBUILD_BUILD_DIR, emptied first). Both places
 #                are fixed, so that ccache (CI's CCACHE_BASEDIR is the clone) serves the next run's compiles, whatever
@@ -30,55 +30,8 @@ base=$("$PY" -c 'import sys; print(f"{sys.base_prefix}/bin/python{sys.version_in
 "$base" -m venv "$WORK/venv"
 VENV_SITE=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-# torch and what it requires (markers evaluated, with the extras asked for), each one's files as its RECORD lists them
-"$PY" - "$VENV_SITE" <<'EOF'
-import importlib.metadata as metadata
-import os
-import re
-import shutil
-import sys
-from pathlib import Path
-
-from pip._vendor.packaging.requirements import Requirement
-
-dest = Path(sys.argv[1])
-wanted, seen, done = [("torch", frozenset())], {}, set()
-while wanted:
-    name, extras = wanted.pop()
-    name = re.sub(r"[-_.]+", "-", name).lower()
-    if name not in seen:
-        seen[name] = metadata.distribution(name)
-    for extra in {"", *extras} - {e for n, e in done if n == name}:
-        done.add((name, extra))
-        for line in seen[name].requires or []:
-            req = Requirement(line)
-            if req.marker.evaluate({"extra": extra}) if req.marker else extra == "":
-                wanted.append((req.name, frozenset(req.extras)))
-for present in metadata.distributions(path=[str(dest)]):  # the venv's own setuptools: replaced, as pip would
-    if re.sub(r"[-_.]+", "-", present.metadata["Name"]).lower() in seen:
-        paths = [Path(present.locate_file(file)) for file in present.files or []]
-        for path in paths:
-            path.unlink(missing_ok=True)
-        for folder in sorted({path.parent for path in paths}, key=lambda f: len(f.parts), reverse=True):
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-site = Path(seen["torch"].locate_file("")).resolve()
-count = 0
-for dist in seen.values():
-    for file in dist.files or []:
-        source = Path(dist.locate_file(file)).resolve()
-        if site not in source.parents or not source.is_file():
-            continue  # console scripts (bin/torchrun, ...) name the other venv's interpreter
-        target = dest / source.relative_to(site)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:  # another file system
-            shutil.copy2(source, target)
-        count += 1
-names = ", ".join(sorted(dist.metadata["Name"] + " " + dist.version for dist in seen.values()))
-print(f"check_readme_install: the fresh venv has {names} ({count} files)")
-EOF
+# torch and what it requires, hard-linked from the venv that has them
+"$PY" scripts/venv_with_torch.py "$VENV_SITE" | sed 's/^/check_readme_install: /'
 t1=$(date +%s)
 
 echo "check_readme_install: the README's install lines, as written, in $WORK/venv:"

@@ -5,6 +5,9 @@
 #   scripts/gpu_acceptance.sh            build, run, report (a lent GPU machine: under 8 minutes on 16 cores)
 #   scripts/gpu_acceptance.sh --dry-run  list the checks and collect both runs' selections (any machine, with or
 #                                        without Ray or a GPU; CI)
+#   scripts/gpu_acceptance.sh --wheel WHEEL   no build: the binary wheel for this Python (scripts/build_wheels.sh,
+#                                        e.g. the cp312 one for the lent machine's image), unpacked beside the report
+#                                        and tested in place of python/'s modules; the checks must run its _libtorch
 # The report goes to stdout and, as JSON, to $OUT/gpu_report.json (or build/gpu-acceptance/), with the tests' log.
 # Two pytest runs: the checks that can share the GPU, side by side (pytest-xdist, where installed: GPU_WORKERS, 4
 # by default), then those marked gpu_alone (timings, the GPU's memory and its processes), one at a time.
@@ -65,13 +68,28 @@ PYEOF
 fi
 
 start=$(date +%s)
+if [ "${1:-}" = "--wheel" ]; then
+  [ -f "${2:-}" ] || { echo "gpu_acceptance: --wheel needs the path of a wheel (scripts/build_wheels.sh)" >&2; exit 2; }
+  site=$(realpath -m "$REPORT_DIR/wheel-site")
+  rm -rf "$site"
+  "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$2" "$site"
+  chmod +x "$site"/gpuguard/*.so "$site"/gpuguard/_torch/*/*.so 2>/dev/null || true
+  export PYTHONPATH="$site${PYTHONPATH#"$PWD/python"}"  # in place of python/
+  # the wheel's own choice of its compiled tensor checks, said before any check runs: a fallback fails here
+  "$PY" -c 'import warnings, gpuguard, torch; warnings.simplefilter("error", gpuguard.GpuGuardWarning)
+from gpuguard.tensors.implementation import tensor_checks
+m = tensor_checks(); assert m.__name__ == "gpuguard._libtorch", m
+print("gpu_acceptance: the wheel runs", m.__file__, "under torch", torch.__version__)' \
+    || { echo "gpu_acceptance: the wheel $2 cannot run its compiled tensor checks here (above)" >&2; exit 2; }
+else
 echo "gpu_acceptance: building gpuguard against $("$PY" -c 'import torch; print("torch", torch.__version__)')"
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_INPLACE=ON \
   -DPython_EXECUTABLE="$(command -v "$PY")" >"$REPORT_DIR/build.log" 2>&1 \
   && cmake --build build/gpu -j "$(nproc)" >>"$REPORT_DIR/build.log" 2>&1 \
   || { tail -50 "$REPORT_DIR/build.log"; echo "gpu_acceptance: the build failed (log above)" >&2; exit 2; }
+fi
 built=$(date +%s)
-echo "gpu_acceptance: built in $((built - start)) s"
+echo "gpu_acceptance: built (or unpacked) in $((built - start)) s"
 nvidia-smi || true
 WORKERS=()
 if "$PY" -c "import xdist" 2>/dev/null; then WORKERS=(-n "${GPU_WORKERS:-4}"); fi

@@ -64,9 +64,31 @@ constexpr std::uint64_t kMaxAnswerBytes = 64ull * 1024 * 1024;
 // How long the server gets to confirm a CANCEL_WAIT once a wait has timed out (torch's client waits forever).
 constexpr TcpStoreClient::Duration kCancelGrace{5000};
 
+// The errno's own name (ECONNREFUSED). strerrorname_np came in glibc 2.32; a build for an older glibc (the wheels:
+// manylinux_2_28, scripts/build_wheels.sh) names the errors a socket, poll or getaddrinfo call can give from this
+// table instead.
 std::string errno_name(int err) {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
   if (const char* name = strerrorname_np(err)) return name;
+#else
+  static constexpr struct {
+    int value;
+    const char* name;
+  } kSocketErrors[] = {
+      {EACCES, "EACCES"},         {EADDRINUSE, "EADDRINUSE"},     {EADDRNOTAVAIL, "EADDRNOTAVAIL"},
+      {EAFNOSUPPORT, "EAFNOSUPPORT"}, {EAGAIN, "EAGAIN"},         {EALREADY, "EALREADY"},
+      {EBADF, "EBADF"},           {ECONNABORTED, "ECONNABORTED"}, {ECONNREFUSED, "ECONNREFUSED"},
+      {ECONNRESET, "ECONNRESET"}, {EHOSTDOWN, "EHOSTDOWN"},       {EHOSTUNREACH, "EHOSTUNREACH"},
+      {EINPROGRESS, "EINPROGRESS"}, {EINTR, "EINTR"},             {EINVAL, "EINVAL"},
+      {EIO, "EIO"},               {EISCONN, "EISCONN"},           {EMFILE, "EMFILE"},
+      {ENETDOWN, "ENETDOWN"},     {ENETRESET, "ENETRESET"},       {ENETUNREACH, "ENETUNREACH"},
+      {ENFILE, "ENFILE"},         {ENOBUFS, "ENOBUFS"},           {ENOMEM, "ENOMEM"},
+      {ENOTCONN, "ENOTCONN"},     {ENOTSOCK, "ENOTSOCK"},         {EPERM, "EPERM"},
+      {EPIPE, "EPIPE"},           {EPROTO, "EPROTO"},             {ETIMEDOUT, "ETIMEDOUT"},
+  };
+  for (const auto& known : kSocketErrors) {
+    if (known.value == err) return known.name;
+  }
 #endif
   return "errno";
 }

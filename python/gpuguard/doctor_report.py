@@ -322,7 +322,7 @@ def _gpu_processes(report: DoctorReport) -> None:
 def _tensor_checks(report: DoctorReport) -> None:
     """Which implementation the tensor checks run (the compiled gpuguard._libtorch, or its Python twin when that
     cannot load) and why, judged from the files alone, as _libtorch_loader will decide."""
-    from ._libtorch_loader import REINSTALL, TORCH_VERSION_BUILT_FOR, built_for_another_torch
+    from ._libtorch_loader import REINSTALL, WHEEL_FIX, choice, source_build
     from .system.installed_torch import installed_torch
 
     torch = installed_torch()
@@ -332,20 +332,31 @@ def _tensor_checks(report: DoctorReport) -> None:
         return
     slower = ("assert_same_device, same_device, guard and find_device_mismatch run in Python instead: the same checks "
               "and reports, slower.")
-    if TORCH_VERSION_BUILT_FOR is None or importlib.util.find_spec(f"{__package__}._libtorch") is None:
+    chosen = choice(torch.version)
+    if chosen.code == "tensor_checks_missing" or (chosen.build is not None and not chosen.build.module.is_file()):
         report.versions["tensor checks"] = "Python (gpuguard._libtorch is missing)"
         report.find("warning", "tensor_checks_missing", "gpuguard was built without its compiled tensor checks "
                     "(gpuguard._libtorch): " + slower, "Rebuild gpuguard with torch installed: " + REINSTALL)
         return
-    if built_for_another_torch(torch.version):
+    if chosen.code == "torch_build_mismatch":
+        built_for = source_build().torch_version
         report.versions["tensor checks"] = (f"Python (gpuguard._libtorch was built for PyTorch "
-                                            f"{TORCH_VERSION_BUILT_FOR}, not {torch.version})")
+                                            f"{built_for}, not {torch.version})")
         report.find("warning", "torch_build_mismatch", f"gpuguard's tensor checks were built for PyTorch "
-                    f"{TORCH_VERSION_BUILT_FOR}, but PyTorch {torch.version} is installed: " + slower + " bind(), "
+                    f"{built_for}, but PyTorch {torch.version} is installed: " + slower + " bind(), "
                     "the zero-code checks, watch() and the command line work as they are.",
                     "Rebuild gpuguard against this torch: " + REINSTALL)
         return
-    report.versions["tensor checks"] = "C++ (gpuguard._libtorch)"
+    if chosen.code == "no_variant_for_torch":
+        report.versions["tensor checks"] = f"Python (this wheel has no gpuguard._libtorch for PyTorch {torch.version})"
+        report.find("warning", "no_variant_for_torch", chosen.problem.split(". To have them:")[0] + ": " + slower
+                    + " bind(), the zero-code checks, watch() and the command line work as they are.",
+                    WHEEL_FIX[0].upper() + WHEEL_FIX[1:])
+        return
+    assert chosen.build is not None
+    report.versions["tensor checks"] = ("C++ (gpuguard._libtorch)" if not chosen.build.variant else
+                                        f"C++ (gpuguard._libtorch, the wheel's variant for PyTorch "
+                                        f"{chosen.build.torch_version})")
 
 
 def _torch_vs_driver(report: DoctorReport) -> None:

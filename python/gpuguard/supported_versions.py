@@ -43,7 +43,9 @@ What changes inside the range, and where gpuguard copes with it (what; where it 
   built for; tensors.implementation then gives tensors/_python_checks (the same checks and reports in Python) after one
   warning "built for PyTorch X, but Y is installed ... Rebuild"; _core (no torch) keeps working
   (tests/python/test_torch_mismatch.py builds against 2.6 and imports under 2.11 in CI, and removes _libtorch from a
-  copy).
+  copy). A binary wheel carries a _libtorch per torch minor (_torch/torch<major>_<minor>/), the installed minor's
+  chosen at import; a torch newer than every variant gets the Python checks, one warning naming the variants
+  (tests/python/test_wheel_variants.py).
 - NCCL's duplicate-GPU wording. NCCL ≤ 2.29 ("Duplicate GPU detected"; torch 2.6 ships 2.21.5, 2.10 ships 2.27.5) vs
   ≥ 2.30 ("Multiple Ranks are using the same GPU/Partition"; torch 2.15 ships 2.30):
   logs/recognisers/duplicate_gpu.py reads both; DuplicateDeviceError quotes both.
