@@ -5,8 +5,9 @@ RANK), Lightning's ``ddp_spawn`` (LOCAL_RANK alone) and ``torch.multiprocessing.
 frameworks compute it and pass it to ``init_process_group(rank=, world_size=)``, and torch forms the group with
 exactly those, so the zero-code check reads them there: ``detect()``'s answer when the variables are complete
 (with the call's rank and world size, which win), else a context built from the call and whatever the
-environment does say (LOCAL_RANK, NODE_RANK, LOCAL_WORLD_SIZE). Variables that contradict the call, or each
-other, are still an error: only a missing field is completed. The launcher is named after the framework whose
+environment does say (LOCAL_RANK, NODE_RANK, LOCAL_WORLD_SIZE). Variables that contradict each other are still
+an error, and so is an exported WORLD_SIZE the call contradicts where the variables lack the rank: only a
+missing field is completed. The launcher is named after the framework whose
 code made the call (``lightning``, ``accelerate``, ...), found on the call stack, or the way the process was
 started (``spawn``: a multiprocessing child), so the report never says "single" for rank 0 of 2; that framework
 is kept in every context's ``extra["framework"]``, for advice in its own words (framework_advice).
