@@ -80,6 +80,25 @@ if __name__ == "__main__":
     print(f"train done on rank {args.process_index}", flush=True)
 """
 
+#: The same Trainer asking for the GPU (use_cpu=False): under `accelerate launch --use_deepspeed` it reaches
+#: DeepSpeed's init_process_group(device_id=cuda:LOCAL_RANK) on a torch that sees no GPU.
+HF_TRAINER_GPU = HF_TRAINER.replace("use_cpu=True", "use_cpu=False")
+
+#: An accelerate config file as `accelerate config` writes it: 2 processes on GPUs 2 and 3 (`{port}`: its port).
+ACCELERATE_CONFIG = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_GPU
+gpu_ids: 2,3
+machine_rank: 0
+main_process_port: {port}
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+use_cpu: false
+"""
+
 #: A model and its DeepSpeed config: `model`, `config`.
 DEEPSPEED_PIECES = """
 from torch import nn

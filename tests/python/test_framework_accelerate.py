@@ -1,7 +1,8 @@
 """accelerate and the Hugging Face Trainer under `gpuguard run`, on the fake GPUs: `accelerate launch` and
 torchrun starting a Trainer that trains a tiny BERT built from a config (nothing downloaded), with every rank
-checked and GpuGuardTrainerCallback on every rank; and accelerate's mistake gpuguard stops before NCCL, more
-processes than GPUs (`--num_processes` is never checked against the GPUs there are).
+checked and GpuGuardTrainerCallback on every rank, and a config file's gpu_ids; and accelerate's mistake
+gpuguard stops before NCCL, in a plain Accelerator() program and in the Trainer: more processes than GPUs
+(`--num_processes` is never checked against the GPUs there are).
 
 This torch sees no CUDA device, so accelerate never takes its multi-GPU path (it asks torch.cuda.is_available()):
 the Trainer runs accelerate's MULTI_CPU on gloo. Its NCCL path, where accelerate sets each process's device to
@@ -18,7 +19,8 @@ import pytest
 import torch
 
 from gg_testing import launch
-from gg_testing.framework_jobs import HF_TRAINER as TRAINER, gpuguard_run, report_rows
+from gg_testing.framework_jobs import (ACCELERATE_CONFIG, HF_TRAINER as TRAINER, HF_TRAINER_GPU, gpuguard_run,
+                                       report_rows)
 from gg_testing.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -44,15 +46,22 @@ ACCELERATE_LAUNCH = ["accelerate", "launch", "--multi_gpu", "--num_processes", "
                      "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
-@pytest.mark.parametrize("how", ["accelerate launch", "torchrun"])
+@pytest.mark.parametrize("how", ["accelerate launch", "accelerate config file", "torchrun"])
 def test_the_trainer_trains_with_every_rank_checked_and_its_callback_on_each(fake_gpus, tmp_path, how):
-    command = [*ACCELERATE_LAUNCH, "--main_process_port", str(free_port())] if how == "accelerate launch" \
-        else launch.torchrun_argv(nproc=2)
+    if how == "accelerate launch":
+        command = [*ACCELERATE_LAUNCH, "--main_process_port", str(free_port())]
+    elif how == "accelerate config file":
+        (tmp_path / "accelerate.yaml").write_text(ACCELERATE_CONFIG.format(port=free_port()))
+        command = ["accelerate", "launch", "--config_file", str(tmp_path / "accelerate.yaml")]
+    else:
+        command = launch.torchrun_argv(nproc=2)
     finished, report = run_job(fake_gpus, tmp_path, TRAINER, "h100x4", command)
     assert finished.returncode == 0, finished.tail()
     assert "train done on rank 0" in finished.stdout and "train done on rank 1" in finished.stdout
     # accelerate launch runs torchrun in its own process; accelerate's PartialState calls init_process_group
     assert report_rows(report) == [(0, 2, "torchrun", "accelerate", "ok"), (1, 2, "torchrun", "accelerate", "ok")]
+    if how == "accelerate config file":  # its gpu_ids became every rank's CUDA_VISIBLE_DEVICES
+        assert [r["cuda_visible_devices"] for r in report["ranks"]] == ["2,3", "2,3"]
     for rank in (0, 1):
         assert f"gpuguard: Trainer rank {rank}/2: guard() on BertForSequenceClassification + watch() of the " \
                f"collectives" in finished.stderr, finished.tail()
@@ -60,11 +69,13 @@ def test_the_trainer_trains_with_every_rank_checked_and_its_callback_on_each(fak
 
 @pytest.mark.skipif("2.6.0" < TORCH < "2.7.1",
                     reason=f"DeepSpeed passes no device_id to init_process_group on torch {TORCH}")
-def test_more_processes_than_gpus_stop_every_rank_naming_num_processes(fake_gpus, tmp_path):
+@pytest.mark.parametrize("program", ["Accelerator()", "the Trainer"])
+def test_more_processes_than_gpus_stop_every_rank_naming_num_processes(fake_gpus, tmp_path, program):
     command = ["accelerate", "launch", "--use_deepspeed", "--zero_stage", "0", "--num_processes", "3",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "--main_process_port", str(free_port())]
-    finished, report = run_job(fake_gpus, tmp_path, ACCELERATOR, "h100x2_no_peer", command, DS_ACCELERATOR="cuda")
+    code = ACCELERATOR if program == "Accelerator()" else HF_TRAINER_GPU
+    finished, report = run_job(fake_gpus, tmp_path, code, "h100x2_no_peer", command, DS_ACCELERATOR="cuda")
     assert finished.returncode not in (0, None), finished.tail()
     assert [(r["rank"], r["framework"], r["verdict"]) for r in report["ranks"]] == \
         [(0, "accelerate", "RankMappingError"), (1, "accelerate", "RankMappingError"),
