@@ -184,9 +184,9 @@ class Analyzer {
     if (fractional) {
       out.push_back({PlacementCause::kFractionalRayGpus,
                      "Ray gave these actors " + fraction_label(fraction) + " of a GPU each (num_gpus=" +
-                         fraction_label(fraction) + "), so it packed " + std::to_string(rs.size()) +
-                         " ranks of group '" + group + "' onto one GPU" +
-                         (first.ray_gpu_ids.empty() ? "" : " (Ray GPU ids " + first.ray_gpu_ids + ")"),
+                         fraction_label(fraction) + ") and the same GPU" +
+                         (first.ray_gpu_ids.empty() ? "" : " (Ray GPU ids " + first.ray_gpu_ids + ")") + ", so " +
+                         std::to_string(rs.size()) + " ranks of group '" + group + "' share it",
                      "give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1), or any "
                      "placement group with one {\"GPU\": 1} bundle per rank (verl's RayResourcePool has one; its "
                      "max_colocate_count lets only other worker groups share a rank's GPU, so lowering it does not "

@@ -115,7 +115,7 @@ TEST(Placement, FractionalRayGpusRecommendMaxColocateOne) {
   auto report = gpuguard::analyze_placement(rs);
   EXPECT_TRUE(has_cause(report, PlacementCause::kFractionalRayGpus));
   EXPECT_FALSE(has_cause(report, PlacementCause::kSameVisibleDevices));  // Ray set it; the fraction is why
-  EXPECT_IN("Ray gave these actors 1/3 of a GPU each (num_gpus=1/3), so it packed 3 ranks of group 'default' onto one GPU (Ray GPU ids ['2'])", report.message);
+  EXPECT_IN("Ray gave these actors 1/3 of a GPU each (num_gpus=1/3) and the same GPU (Ray GPU ids ['2']), so 3 ranks of group 'default' share it", report.message);
   EXPECT_IN("max_colocate=1", report.message);
   EXPECT_IN("Ray num_gpus=1/3", report.message);
 }
@@ -154,7 +154,7 @@ TEST(Placement, RayRanksGivenDifferentGpusAreNotSaidToBePackedByTheirShare) {
   }
   auto report = gpuguard::analyze_placement(rs);
   EXPECT_FALSE(has_cause(report, PlacementCause::kFractionalRayGpus));
-  EXPECT_EQ(report.message.find("so it packed"), std::string::npos);
+  EXPECT_EQ(report.message.find("and the same GPU"), std::string::npos);
 }
 
 TEST(Placement, WholeRayGpusWithOneIdOnOneHostAreTwoRayNodes) {

@@ -81,7 +81,8 @@ def test_ranks_of_one_worker_group_on_one_gpu_are_stopped_naming_verls_settings(
         assert (r["module"], r["type"]) == ("gpuguard.errors", "DuplicateDeviceError"), r
         message, notes = r["message"], " ".join(r["notes"])
         assert message.startswith("4 ranks of group 'actor_rollout' share 2 GPUs."), message
-        assert "Ray gave these actors 1/3 of a GPU each (num_gpus=1/3)" in message
+        assert "Ray gave these actors 1/3 of a GPU each (num_gpus=1/3) and the same GPU (Ray GPU ids " in message
+        assert "so 2 ranks of group 'actor_rollout' share it" in message
         assert "verl's RayResourcePool has one; its max_colocate_count lets only other worker groups share a " \
                "rank's GPU, so lowering it does not help there" in message
         assert "If every rank already has a bundle of its own, two Ray nodes on " in message
