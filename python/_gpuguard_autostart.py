@@ -1,7 +1,7 @@
 """gpuguard's zero-code start: standard library only; arms gpuguard.auto the moment the job imports torch.
 
 Loaded by ``gpuguard_auto.pth`` (installed with the package) only when ``GPUGUARD`` is set and not "0", and
-by the Ray setup hook ``gpuguard.ray.setup``. It never imports torch nor initialises CUDA itself: it adds one
+by the Ray setup hook ``gpuguard.ray.setup`` and verl's plugin entry point ``gpuguard.ray.verl_plugin``. It never imports torch nor initialises CUDA itself: it adds one
 finder to ``sys.meta_path`` that waits for ``import torch`` and, once torch's own module has finished loading,
 imports ``gpuguard.auto`` and calls ``enable()``. A job that never imports torch never loads gpuguard.
 """
@@ -81,5 +81,9 @@ def arm(origin: str) -> None:
         sys.meta_path.insert(0, _TorchImportFinder(origin))
 
 
-if wanted():
-    arm(f"{_VARIABLE}={os.environ.get(_VARIABLE)}")
+def arm_from_environment() -> None:
+    """What gpuguard_auto.pth runs at interpreter start: arms when ``GPUGUARD`` asks for it. Importing this module
+    arms nothing by itself, so that a caller that arms it (the Ray hook, verl's plugin) is the one the start-up line
+    names."""
+    if wanted():
+        arm(f"{_VARIABLE}={os.environ.get(_VARIABLE)}")

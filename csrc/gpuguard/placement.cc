@@ -176,15 +176,23 @@ class Analyzer {
         fraction = *r->gpu_fraction;
       }
     }
+    // Ray packed them only if it gave them the same GPU: ranks Ray gave different GPUs that still share one did
+    // not get there through their shares (CUDA initialised before Ray set CUDA_VISIBLE_DEVICES, for one)
+    fractional = fractional && std::all_of(rs.begin(), rs.end(), [&](const IdentityRecord* r) {
+      return r->ray_gpu_ids == first.ray_gpu_ids;
+    });
     if (fractional) {
       out.push_back({PlacementCause::kFractionalRayGpus,
                      "Ray gave these actors " + fraction_label(fraction) + " of a GPU each (num_gpus=" +
-                         fraction_label(fraction) + "), so it packed " + std::to_string(rs.size()) +
-                         " ranks of group '" + group + "' onto one GPU" +
-                         (first.ray_gpu_ids.empty() ? "" : " (Ray GPU ids " + first.ray_gpu_ids + ")"),
-                     "give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1) (verl: "
-                     "max_colocate_count=1); roles that are meant to share GPUs belong in different groups "
-                     "(bind(group=...))"});
+                         fraction_label(fraction) + ") and the same GPU" +
+                         (first.ray_gpu_ids.empty() ? "" : " (Ray GPU ids " + first.ray_gpu_ids + ")") + ", so " +
+                         std::to_string(rs.size()) + " ranks of group '" + group + "' share it",
+                     "give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1), or any "
+                     "placement group with one {\"GPU\": 1} bundle per rank (verl's RayResourcePool has one; its "
+                     "max_colocate_count lets only other worker groups share a rank's GPU, so lowering it does not "
+                     "help there); roles that are meant to share GPUs belong in different groups (bind(group=...)). "
+                     "If every rank already has a bundle of its own, two Ray nodes on " + host_label(first) +
+                         " offer the same GPUs: run one Ray node per host, with only that host's GPUs"});
     }
 
     bool same_cvd = !fractional && std::all_of(rs.begin(), rs.end(), [&](const IdentityRecord* r) {
@@ -199,6 +207,17 @@ class Analyzer {
                      "give each rank its own MIG instance: a different CUDA_VISIBLE_DEVICES=MIG-<uuid> per process "
                      "(nvidia-smi -L lists them), or your scheduler's per-task GPU binding on MIG devices (e.g. "
                      "srun --gpus-per-task=1 with MIG in gres.conf)"});
+    } else if (same_cvd && !first.ray_gpu_ids.empty() && hosts.size() == 1) {
+      // Ray gave each rank a whole GPU (a fraction is the case above) and still the same one: one raylet never
+      // hands a GPU to two whole-GPU requests, so two raylets on this host offer the same GPUs
+      out.push_back({PlacementCause::kSameVisibleDevices,
+                     "Ray gave every rank on it the same GPU (Ray GPU ids " + first.ray_gpu_ids +
+                         ", CUDA_VISIBLE_DEVICES=" + *first.cuda_visible_devices + "), a whole GPU each: one Ray "
+                         "node never does that, so two Ray nodes on " + host_label(first) + " offer the same GPUs "
+                         "(`ray start` run twice on one host, or two Ray containers or pods that each see all of its "
+                         "GPUs)",
+                     "run one Ray node per host, with only that host's GPUs (in Kubernetes, give each Ray pod its "
+                     "own GPUs through nvidia.com/gpu limits; elsewhere CUDA_VISIBLE_DEVICES before `ray start`)"});
     } else if (same_cvd) {
       out.push_back({PlacementCause::kSameVisibleDevices,
                      "every rank on it was given CUDA_VISIBLE_DEVICES=" + *first.cuda_visible_devices +

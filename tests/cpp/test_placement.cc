@@ -115,9 +115,64 @@ TEST(Placement, FractionalRayGpusRecommendMaxColocateOne) {
   auto report = gpuguard::analyze_placement(rs);
   EXPECT_TRUE(has_cause(report, PlacementCause::kFractionalRayGpus));
   EXPECT_FALSE(has_cause(report, PlacementCause::kSameVisibleDevices));  // Ray set it; the fraction is why
-  EXPECT_IN("Ray gave these actors 1/3 of a GPU each (num_gpus=1/3), so it packed 3 ranks of group 'default' onto one GPU (Ray GPU ids ['2'])", report.message);
+  EXPECT_IN("Ray gave these actors 1/3 of a GPU each (num_gpus=1/3) and the same GPU (Ray GPU ids ['2']), so 3 ranks of group 'default' share it", report.message);
   EXPECT_IN("max_colocate=1", report.message);
   EXPECT_IN("Ray num_gpus=1/3", report.message);
+}
+
+// verl 0.9's RayResourcePool gives every rank a bundle of its own ({"GPU": 1}) and each actor 1/max_colocate_count of
+// it: a worker group whose ranks still share a GPU was not packed by its share, and the fix says what then is wrong.
+TEST(Placement, FractionalRayGpusNameBundlesAndTwoRayNodesNotALowerColocateCount) {
+  std::vector<IdentityRecord> rs;
+  for (int i : {0, 2}) {  // ranks 0 and 2 of 4, each on Ray GPU 0 of its own Ray node, one host
+    auto r = rank_on(i, 4, 0, 0, 1);
+    r.launcher = "ray";
+    r.cuda_visible_devices = "0";
+    r.gpu_fraction = 1.0 / 3.0;
+    r.ray_gpu_ids = "0";
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kFractionalRayGpus));
+  EXPECT_IN("one {\"GPU\": 1} bundle per rank (verl's RayResourcePool has one; its max_colocate_count lets only other "
+            "worker groups share a rank's GPU, so lowering it does not help there)", report.message);
+  EXPECT_IN("If every rank already has a bundle of its own, two Ray nodes on node-a offer the same GPUs: run one Ray "
+            "node per host, with only that host's GPUs", report.message);
+  EXPECT_EQ(report.message.find("verl: max_colocate_count=1"), std::string::npos);
+}
+
+TEST(Placement, RayRanksGivenDifferentGpusAreNotSaidToBePackedByTheirShare) {
+  // Ray gave them GPUs 0 and 1, yet both run on GPU 0 (CUDA was initialised before Ray set CUDA_VISIBLE_DEVICES)
+  std::vector<IdentityRecord> rs;
+  for (int i : {0, 1}) {
+    auto r = rank_on(i, 2, 0, 0, 2);
+    r.launcher = "ray";
+    r.cuda_visible_devices = std::to_string(i);
+    r.gpu_fraction = 0.5;
+    r.ray_gpu_ids = std::to_string(i);
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_FALSE(has_cause(report, PlacementCause::kFractionalRayGpus));
+  EXPECT_EQ(report.message.find("and the same GPU"), std::string::npos);
+}
+
+TEST(Placement, WholeRayGpusWithOneIdOnOneHostAreTwoRayNodes) {
+  std::vector<IdentityRecord> rs;
+  for (int i : {1, 3}) {
+    auto r = rank_on(i, 4, 1, 0, 1);
+    r.launcher = "ray";
+    r.cuda_visible_devices = "1";
+    r.gpu_fraction = 1.0;
+    r.ray_gpu_ids = "1";
+    rs.push_back(r);
+  }
+  auto report = gpuguard::analyze_placement(rs);
+  EXPECT_TRUE(has_cause(report, PlacementCause::kSameVisibleDevices));
+  EXPECT_IN("Ray gave every rank on it the same GPU (Ray GPU ids 1, CUDA_VISIBLE_DEVICES=1), a whole GPU each: one "
+            "Ray node never does that, so two Ray nodes on node-a offer the same GPUs", report.message);
+  EXPECT_IN("run one Ray node per host", report.message);
+  EXPECT_EQ(report.message.find("CUDA_VISIBLE_DEVICES=$LOCAL_RANK"), std::string::npos);
 }
 
 TEST(Placement, GlobalRankUsedAsLocalRankOnTheSecondNode) {

@@ -264,7 +264,7 @@ def test_d_ray_actors_with_a_third_of_a_gpu_each_all_raise(fake_gpus):
         assert (r["module"], r["type"]) == ("gpuguard.errors", "DuplicateDeviceError"), r
         assert "3 ranks of group 'colocated' share 1 GPU" in r["message"]
         assert "Ray gave these actors 1/3 of a GPU each (num_gpus=1/3)" in r["message"]
-        assert "gpuguard.ray_placement(max_colocate=1) (verl: max_colocate_count=1)" in r["message"]
+        assert "gpuguard.ray_placement(max_colocate=1), or any placement group with one" in r["message"]
     for r in got["whole"]:  # a GPU each: gpuguard passes; torch's NCCL init then fails on this GPU-less torch
         assert "gpuguard" not in (r.get("module") or ""), r
 

@@ -10,6 +10,7 @@ import pytest
 from gg_testing.env import SLURM_2x5_RANK7, TORCHRUN
 from gpuguard import LaunchEnvironmentError
 from gpuguard.binding.launchers import LAUNCHERS, RayActorLauncher, detect, parse_tasks_per_node
+from gpuguard.group_name import is_group_name
 
 pytestmark = pytest.mark.version_independent  # CI runs this file on the oldest corner only (pyproject's markers)
 
@@ -289,3 +290,22 @@ def test_ray_driver_script_is_not_an_actor():
     had_ray = "ray" in sys.modules
     assert fields(detect({}))[0] == "single"
     assert ("ray" in sys.modules) == had_ray
+
+
+# verl 0.9.1's RayWorkerGroup._create_worker gives each actor these (verl/single_controller/ray/base.py), and its
+# Worker.__init__ writes LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 back (verl/single_controller/base/worker.py)
+VERL_WORKER = {"WORLD_SIZE": "4", "RANK": "1", "WG_PREFIX": "critic", "WG_BACKEND": "ray", "RAY_LOCAL_WORLD_SIZE": "4",
+               "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "41234", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+
+
+def test_a_verl_worker_is_checked_in_its_worker_groups_group_unless_gpuguard_group_names_one():
+    launcher = RayActorLauncher(FakeRayContext(["1"], 1 / 3))
+    ctx = detect(VERL_WORKER, launchers=[launcher])
+    assert (fields(ctx)[:3], ctx.group, ctx.extra["group_from"]) == (("ray", 1, 4), "critic", "WG_PREFIX")
+    assert detect({**VERL_WORKER, "GPUGUARD_GROUP": "mine"}, launchers=[launcher]).group == "mine"
+    # WG_PREFIX without verl's WG_BACKEND=ray is someone else's variable: the group stays unnamed ("default")
+    assert detect({**VERL_WORKER, "WG_BACKEND": "nccl"}, launchers=[launcher]).group is None
+    # a prefix that is not a group name is made one, and two such prefixes never become the same name
+    odd = [detect({**VERL_WORKER, "WG_PREFIX": p}, launchers=[launcher]).group for p in ("a b", "a_b", "a/b c", "é" * 200)]
+    assert odd[1] == "a_b" and odd[0].startswith("a_b-") and len(set(odd)) == 4
+    assert all(is_group_name(g) for g in odd) and len(odd[3]) <= 128

@@ -354,8 +354,8 @@ def test_six_ranks_packed_by_fractional_gpus_all_stop_naming_the_ranks_per_gpu(c
         a, b, c = sorted(ranks)
         assert f"GPU {gpu['uuid']} (PCI {gpu['pci_bus_id']}) is shared by ranks {a}, {b} and {c}:" in message
     assert message.startswith("6 ranks of group 'packed' share 2 GPUs."), message
-    assert "Likely cause: Ray gave these actors 1/3 of a GPU each (num_gpus=1/3), so it packed 3 ranks of " \
-           "group 'packed' onto one GPU" in message, message
+    assert "Likely cause: Ray gave these actors 1/3 of a GPU each (num_gpus=1/3) and the same GPU (Ray GPU ids " \
+           in message and "so 3 ranks of group 'packed' share it" in message, message
     assert "Fix: give every rank of a group a whole GPU: gpuguard.ray_placement(max_colocate=1)" in message
 
 

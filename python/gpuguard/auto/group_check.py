@@ -304,6 +304,12 @@ def _run(check: GroupCheck, trigger: str, chosen: Optional[Chosen]) -> None:
                 note += (f" Ray Train gave each training worker {share:g} GPU (ScalingConfig(resources_per_worker="
                          f"{{'GPU': {share:g}}})); fix: give each a whole GPU, resources_per_worker={{'GPU': 1}} "
                          f"(the default with use_gpu=True), with num_workers no more than the cluster's GPUs.")
+        if check.context.launcher == "ray":  # a verl worker group: its RayResourcePool's settings, named
+            from ..ray.verl import duplicate_note
+
+            verl = duplicate_note(os.environ, share if isinstance(share, float) else None,
+                                  exc.details.get("shared") or [])
+            note += f" {verl}" if verl else ""
         add_note(exc, note)
         record(type(exc).__name__, f"{exc}\n{chosen.how}")
         raise

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import re
 import sys
 from typing import Any, Mapping, Optional
 
 from ...errors import LaunchEnvironmentError
+from ...group_name import is_group_name
 from .base import LaunchContext, Launcher, _context_from
+
+#: verl's RayWorkerGroup gives each of its actors WG_BACKEND=ray and WG_PREFIX, its worker group's name, unique per
+#: group (verl/single_controller/ray/base.py, _create_worker, 0.9.1). Worker groups colocated on one resource pool
+#: (actor and rollout, reference, critic) are separate process groups, each with ranks 0..N-1.
+VERL_BACKEND_VARIABLE = "WG_BACKEND"
+VERL_GROUP_VARIABLE = "WG_PREFIX"
+
+
+def verl_group(env: Mapping[str, str]) -> Optional[str]:
+    """The gpuguard group of a verl worker: its WG_PREFIX, made a usable group name when it is not one (characters
+    outside '_.:/@+-' become '_', with a hash of the original so that two prefixes never meet in one group)."""
+    if env.get(VERL_BACKEND_VARIABLE) != "ray" or not env.get(VERL_GROUP_VARIABLE):
+        return None
+    prefix = env[VERL_GROUP_VARIABLE]
+    if is_group_name(prefix):
+        return prefix
+    digest = hashlib.sha256(prefix.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    kept = re.sub(r"[^A-Za-z0-9_.:/@+-]", "_", prefix)[:115]
+    return f"{kept}-{digest}"
 
 
 class RayActorLauncher(Launcher):
@@ -15,7 +38,8 @@ class RayActorLauncher(Launcher):
     Ray decides the GPU: ``get_accelerator_ids()["GPU"]`` are the ids it assigned, which it also writes into
     CUDA_VISIBLE_DEVICES unless ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` is set. Rank, world size and
     local rank come from the actor's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, set by
-    ``ray_placement``, Ray Train or the framework), the group from ``GPUGUARD_GROUP``.
+    ``ray_placement``, Ray Train or the framework), the group from ``GPUGUARD_GROUP``, else, in a verl worker
+    (``WG_BACKEND=ray``), from its worker group's ``WG_PREFIX``.
     """
 
     name = "ray"
@@ -71,4 +95,8 @@ class RayActorLauncher(Launcher):
             "ray_noset_cuda_visible_devices": env.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "")
             .lower() in ("1", "true"),
         }
-        return _context_from(self, [reading], env, extra=extra, require_local_rank=False)
+        context = _context_from(self, [reading], env, extra=extra, require_local_rank=False)
+        group = verl_group(env) if context.group is None else None
+        if group is None:
+            return context
+        return dataclasses.replace(context, group=group, extra=dict(extra, group_from=VERL_GROUP_VARIABLE))

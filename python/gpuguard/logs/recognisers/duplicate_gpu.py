@@ -156,8 +156,10 @@ class DuplicateGpu(Recogniser):
         fix = one_gpu_here or ("Give every rank its own GPU: call torch.cuda.set_device(local_rank) (LOCAL_RANK from the launcher) "
                "before init_process_group, or use gpuguard.init_process_group(), which binds each rank to its GPU "
                "and stops every rank with one report naming all ranks per device before NCCL starts. Start no more "
-               "processes per node than it has GPUs; in Ray give each NCCL actor num_gpus=1 (with verl, "
-               "max_colocate_count=1).")
+               "processes per node than it has GPUs; in Ray give each rank of a communicator a GPU of its own (num_gpus=1, "
+               "or a placement-group bundle {'GPU': 1} per rank, which verl's RayResourcePool already gives: there "
+               "max_colocate_count lets only other worker groups share a GPU, and ranks of one worker group on one "
+               "GPU mean two Ray nodes on one host, or CUDA initialised before Ray set CUDA_VISIBLE_DEVICES).")
         if multi and not one_gpu_here:
             fix += (" Set NCCL_MULTI_RANK_GPU_ENABLE=1 only if sharing is intended (several ranks on purpose on one "
                     "GPU or one MIG instance); it does not fix a placement mistake.")
@@ -195,7 +197,7 @@ def _cause(sets: list[list[int]], ray: bool = False) -> str:
     if ray:
         # the lines come from Ray workers: Ray packs actors onto one GPU when each asks for a fraction of it
         base += ("The ranks are Ray workers: Ray puts several actors on one GPU when each asks for a fraction "
-                 "(num_gpus < 1, e.g. 0.5; verl's max_colocate_count > 1), and NCCL refuses two ranks of one "
+                 "(num_gpus < 1, e.g. 0.5) outside a placement-group bundle of its own, and NCCL refuses two ranks of one "
                  "communicator on one GPU. ")
     if sets and len(sets) == 1 and len(sets[0]) > 2:
         return base + ("Every rank named is on the same GPU: most often torch.cuda.set_device was not called "
@@ -211,7 +213,7 @@ def _cause(sets: list[list[int]], ray: bool = False) -> str:
     if ray:
         return base + "Otherwise: the same CUDA_VISIBLE_DEVICES for every actor, or a device chosen by hand."
     return base + ("Common causes: a missing torch.cuda.set_device(local_rank); more processes per node than "
-                   "GPUs; Ray actors given fractional GPUs (num_gpus < 1, verl max_colocate_count > 1); the same "
+                   "GPUs; Ray actors given fractional GPUs (num_gpus < 1) without a bundle of their own; the same "
                    "CUDA_VISIBLE_DEVICES for every rank.")
 
 
