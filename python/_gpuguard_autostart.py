@@ -1,9 +1,10 @@
 """gpuguard's zero-code start: standard library only; arms gpuguard.auto the moment the job imports torch.
 
-Loaded by ``gpuguard_auto.pth`` (installed with the package) only when ``GPUGUARD`` is set and not "0", and
-by the Ray setup hook ``gpuguard.ray.setup`` and verl's plugin entry point ``gpuguard.ray.verl_plugin``. It never imports torch nor initialises CUDA itself: it adds one
-finder to ``sys.meta_path`` that waits for ``import torch`` and, once torch's own module has finished loading,
-imports ``gpuguard.auto`` and calls ``enable()``. A job that never imports torch never loads gpuguard.
+Loaded by ``gpuguard_auto.pth`` (installed with the package) only when ``GPUGUARD`` is set and not "0", by the
+Ray setup hook ``gpuguard.ray.setup`` and by verl's plugin entry point ``gpuguard.ray.verl_plugin``. It never
+imports torch nor initialises CUDA itself: it adds one finder to ``sys.meta_path`` that waits for ``import torch``
+and, once torch's own module has finished loading, imports ``gpuguard.auto`` and calls ``enable()``. A job that
+never imports torch never loads gpuguard.
 """
 
 from __future__ import annotations

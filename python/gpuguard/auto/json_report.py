@@ -21,7 +21,8 @@ def write(context: Any, group: str, device_index: Optional[int], chosen_by: str,
         return
     row: dict[str, Any] = {
         "rank": context.rank, "world_size": context.world_size, "local_rank": context.local_rank,
-        "launcher": context.launcher, "framework": framework_of(context), "group": group, "host": socket.gethostname(), "pid": os.getpid(),
+        "launcher": context.launcher, "framework": framework_of(context), "group": group,
+        "host": socket.gethostname(), "pid": os.getpid(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device": None if device_index is None else f"cuda:{device_index}", "chosen_by": chosen_by,
         "checked_at": trigger, "verdict": verdict, "message": message}

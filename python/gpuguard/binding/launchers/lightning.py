@@ -31,10 +31,10 @@ class LightningLauncher(_VariableLauncher):
             f"This process has LOCAL_RANK={env['LOCAL_RANK']}, NODE_RANK={env['NODE_RANK']} and "
             f"WORLD_SIZE={env['WORLD_SIZE']} but no RANK: it was started by Lightning's own launcher "
             f"(strategy='ddp' run as `python train.py`), which never exports the global rank; Lightning names "
-            f"it only in its init_process_group call. Call gpuguard.bind(rank=trainer.global_rank, "
-            f"world_size=trainer.world_size, local_rank=trainer.local_rank) once Lightning has set up (or add "
-            f"gpuguard.frameworks.lightning.GpuGuardCallback() to the Trainer's callbacks, which does; fabric.global_rank etc. "
-            f"with Fabric), run the job under `gpuguard run`, which reads the rank from that call, or start the "
-            f"script with torchrun (torchrun --nproc_per_node=<devices> train.py), whose variables Lightning and "
-            f"gpuguard both read.",
+            f"it only in its init_process_group call. Run the job under `gpuguard run`, which reads the rank from "
+            f"that call; or start the script with torchrun (torchrun --nproc_per_node=<devices> train.py), whose "
+            f"variables Lightning and gpuguard both read; or, where the Trainer's devices are 0..N-1 (devices=N, "
+            f"so local rank k runs on cuda:k), call gpuguard.bind(rank=trainer.global_rank, "
+            f"world_size=trainer.world_size, local_rank=trainer.local_rank) once Lightning has set up "
+            f"(fabric.global_rank etc. with Fabric).",
             variables={n: reading.values[n] for n in reading.values}, launcher=self.name)
