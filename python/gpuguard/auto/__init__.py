@@ -251,7 +251,7 @@ def _announce(origin: str) -> None:
     if _watch is not None:
         extras += " + a collective watchdog (GPUGUARD_WATCH)"
     sys.stderr.write(f"gpuguard: active (auto) pid {os.getpid()}, {who}, via {origin}: checking set_device, "
-                     f"NCCL groups, device mismatches{extras}\n")
+                     f"process groups (NCCL: their GPUs), device mismatches{extras}\n")
     sys.stderr.flush()
 
 
@@ -260,7 +260,7 @@ def _announce_rank(context: Any, kwargs: dict[str, Any]) -> None:
     global _rank_announced
     if _rank_announced:
         return
-    if context is None:  # a group gpuguard does not check (gloo): its rank, where it can be read
+    if context is None:  # no check prepared (one process; a gloo group left unchecked): its rank, where readable
         from ..errors import GpuGuardError
         from .rank_at_init import context_at_init
 
