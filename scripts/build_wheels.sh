@@ -142,6 +142,9 @@ for PY in "${PYTHONS[@]}"; do
       left_out+=("$version")
     fi
   done
+  # what makes gpuguard/_torch/ exist in every binary wheel, even one with no variant (a wheel keeps no empty
+  # folder): the loader then knows it is a wheel, and says which torch minors it carries, rather than "rebuild"
+  printf '%s\n' "variants: ${made[*]:-none}" "left out (past $PLAT): ${left_out[*]:-none}" >"$VARIANTS/CONTENTS.txt"
 
   # _core by zig, and the package, through scikit-build-core, in a venv holding pyproject.toml's build group for
   # this Python

@@ -43,7 +43,10 @@ for dist in seen.values():
         if site not in source.parents or not source.is_file():
             continue  # console scripts (bin/torchrun, ...) name the other venv's interpreter
         target = dest / source.relative_to(site)
+        if target.exists() and target.samefile(source):
+            continue  # a file two distributions both list (the nvidia-* wheels' shared nvidia/__init__.py)
         target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
         try:
             os.link(source, target)
         except OSError:  # another file system

@@ -137,14 +137,15 @@ def choice(installed: str) -> Choice:
                                 f"it against this torch: {REINSTALL}", "torch_build_mismatch")
         return Choice(source)
     variants = wheel_variants()
-    if not variants:
+    if not variants and not VARIANTS.is_dir():
         return Choice(None, f"gpuguard._libtorch (its compiled tensor checks) is missing or unloadable: No module "
                             f"named 'gpuguard._libtorch'. Build it with: {REINSTALL}", "tensor_checks_missing")
     build = variants.get(_minor(installed))
     if build is None:
-        return Choice(None, f"this gpuguard wheel carries compiled tensor checks (gpuguard._libtorch) for PyTorch "
-                            f"{_stated(list(variants))}, none for PyTorch {installed}, which is installed. To have "
-                            f"them: {WHEEL_FIX}", "no_variant_for_torch")
+        carried = f"for PyTorch {_stated(list(variants))}" if variants else "for no PyTorch"
+        return Choice(None, f"this gpuguard wheel carries compiled tensor checks (gpuguard._libtorch) {carried}, "
+                            f"none for PyTorch {installed}, which is installed. To have them: {WHEEL_FIX}",
+                      "no_variant_for_torch")
     return Choice(build)
 
 
