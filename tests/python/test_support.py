@@ -297,9 +297,8 @@ def test_a_test_holds_other_ray_starts_back_until_a_new_driver_joins_or_it_ends(
 # ---- what the tests need is what scripts/setup.sh installs -----------------------------------------------------
 
 ROOT = Path(launch.__file__).parents[2]
-#: What scripts/setup.sh installs by name, outside pyproject.toml's dependency groups (pip: 25.1 or newer, for
-#: pip install --group).
-SETUP_INSTALLS = ("torch", "ray", "numpy", "pip")
+#: What scripts/setup.sh installs by name, outside pyproject.toml's dependency groups.
+SETUP_INSTALLS = ("torch", "ray", "numpy")
 #: The standard library's modules newer than the oldest supported Python (3.10), which a test imports where it has them.
 STDLIB_SINCE_3_11 = ("tomllib",)
 #: Modules a test asks for by name: pytest.importorskip("x"), importlib.util.find_spec("x").
@@ -324,11 +323,17 @@ def imported_by(path: Path) -> set[str]:
 
 
 def dependency_groups() -> dict[str, list[str]]:
+    text = (ROOT / "pyproject.toml").read_text()
     try:
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10: pip's own copy of the same parser
-        from pip._vendor import tomli as tomllib
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    except ModuleNotFoundError:  # Python 3.10: the table's own lines, `name = ["requirement", ...]`. Not pip's copy
+        # of tomli: importing pip makes setuptools' distutils shim stand down for the rest of the process, and a later
+        # `import setuptools` (torch._dynamo's) then fails its own check that distutils is its copy
+        table = re.search(r"^\[dependency-groups\]\n(.*?)(?=^\[)", text, re.M | re.S)
+        assert table, "pyproject.toml has no [dependency-groups] table"
+        return {name: re.findall(r'"([^"]+)"', items)
+                for name, items in re.findall(r"^([\w-]+) = \[(.*)\]$", table.group(1), re.M)}
+    return tomllib.loads(text)["dependency-groups"]
 
 
 def normalised(name: str) -> str:
