@@ -158,6 +158,7 @@ def test_gpuguard_run_arms_verls_main_ppo_driver_and_its_task_runner_through_ver
     active = [line for line in out.splitlines() if "gpuguard: active (auto)" in line]
     runner = re.search(r"ray::TaskRunnerV1\.run\(\)\S* \(pid=(\d+),", out)
     assert runner, out[-6000:]
-    assert [line for line in active if line.startswith("gpuguard: active (auto)") and "(single)" in line], active
+    assert [line for line in active if line.startswith("gpuguard: active (auto)") and "no launcher variables (a "
+            "single process, unless init_process_group names a rank)" in line], active  # the driver
     assert [line for line in active if f"pid {runner.group(1)}, rank 0/1 (ray)" in line], active  # the TaskRunner
     assert len(active) == 2 and all(origin in line for line in active), active
