@@ -146,7 +146,7 @@ def _relabel_as_older(site: Path) -> str:
     major, minor = _minor(installed)
     root = site / "gpuguard" / "_torch"
     ours = root / f"torch{major}_{minor}"
-    for folder in root.iterdir():
+    for folder in root.glob("torch*_*"):  # the variants (beside them, the wheel's CONTENTS.txt)
         if folder != ours:
             shutil.rmtree(folder)
     older = f"{major}.{minor - 1}.0"
