@@ -22,7 +22,7 @@ import sys
 from typing import Any, Mapping, Optional
 
 from ..binding.launchers import LaunchContext, detect
-from ..binding.launchers.base import PLAIN_VARIABLES, read_group, read_int
+from ..binding.launchers.base import PLAIN_VARIABLES, _check_ranges, read_group, read_int
 from ..binding.launchers.lightning import LightningLauncher
 from ..errors import LaunchEnvironmentError, LaunchVariablesIncompleteError
 
@@ -107,10 +107,6 @@ def from_init_call(kwargs: Mapping[str, Any], env: Mapping[str, str],
     if rank is None or world_size is None:
         assert missing is not None  # a single process's context is replaced only when the call names both
         raise missing  # nothing names the rank: the launcher's own message says what to pass
-    if rank >= world_size:
-        raise LaunchEnvironmentError(
-            f"init_process_group(rank={rank}, world_size={world_size}): a rank counts from 0 to world_size - 1.",
-            variables={"rank": rank, "world_size": world_size})
     values = {"rank": rank, "world_size": world_size}
     sources = dict(_FROM_INIT)
     for name in ("local_rank", "local_world_size", "node_rank"):
@@ -124,10 +120,7 @@ def from_init_call(kwargs: Mapping[str, Any], env: Mapping[str, str],
             f"started for another world size than the group is formed with. The launcher's WORLD_SIZE and the "
             f"framework's devices x num_nodes must agree (a number of devices or nodes set differently in the "
             f"script and on the command line).", variables={"WORLD_SIZE": exported_world, "world_size": world_size})
-    if "local_world_size" in values and values.get("local_rank", 0) >= values["local_world_size"]:
-        raise LaunchEnvironmentError(
-            f"LOCAL_RANK={values['local_rank']} is not below LOCAL_WORLD_SIZE={values['local_world_size']}.",
-            variables={"LOCAL_RANK": values["local_rank"], "LOCAL_WORLD_SIZE": values["local_world_size"]})
+    _check_ranges(values, sources)  # the launchers' own: a rank below its world size, no world of 0
     name, description = started_as(env, framework)
     return LaunchContext(launcher=name, description=description, rank=rank, world_size=world_size,
                          local_rank=values.get("local_rank"), local_world_size=values.get("local_world_size"),

@@ -24,7 +24,9 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-from .protection import Protection, zero_code_wanted
+import _gpuguard_autostart
+
+from .protection import Protection
 
 __all__ = ["FabricCallback", "GpuGuardCallback", "callback_class", "fabric_callbacks", "standalone_trainer_callbacks",
            "trainer_callbacks"]
@@ -95,7 +97,7 @@ class FabricCallback:
 def _from_entry_point(make: Any) -> list[Any]:
     """What a callbacks_factory entry point returns: nothing unless GPUGUARD=1; an error here is said, never raised
     into a job that did not ask for gpuguard's checks to stop it."""
-    if not zero_code_wanted():
+    if not _gpuguard_autostart.wanted():  # GPUGUARD, read as the .pth and verl's plugin read it
         return []
     try:
         return [make()]

@@ -11,11 +11,6 @@ from ..tensors.tensor_devices import GuardHandle, guard
 from ..watchdog import Watch, running, watch
 
 
-def zero_code_wanted() -> bool:
-    """Whether GPUGUARD asks for the zero-code mode: the entry points' hooks do nothing otherwise."""
-    return os.environ.get("GPUGUARD", "").strip().lower() not in ("", "0", "false", "no", "off")
-
-
 class Protection:
     """One training run's checks: ``start`` guards the model (every forward: its parameters, buffers and inputs
     on one device; ``deep=True``: every layer against its own inputs) and, in a job of several ranks whose
