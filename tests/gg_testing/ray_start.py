@@ -38,8 +38,10 @@ LOCK_PATH = Path(tempfile.gettempdir()) / "gpuguard-tests-ray-start.lock"
 HOLD_S = 90.0
 #: The longest anyone waits for the lock: a holder's HOLD_S, or `ray start --head` bounded by RayHead's 180 s.
 WAIT_S = 240.0
-#: Where Ray writes its sessions: ray.init()'s default, and RayHead's own temp folders.
-DRIVER_LOGS = ("/tmp/ray/session_*/logs/python-core-driver-*", "/tmp/gg-ray-*/session_*/logs/python-core-driver-*")
+#: Where Ray writes its sessions: ray.init()'s default, RayHead's own temp folders (--temp-dir), and the folders that
+#: jobs given a RAY_TMPDIR of their own start their clusters in (test_verl).
+DRIVER_LOGS = ("/tmp/ray/session_*/logs/python-core-driver-*", "/tmp/gg-ray-*/session_*/logs/python-core-driver-*",
+               "/tmp/gg-ray-*/ray/session_*/logs/python-core-driver-*")
 
 _guard = threading.Lock()
 _depth = 0

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -27,6 +30,18 @@ pytest.importorskip("verl", reason="needs verl: pip install --group verl (pyproj
 
 JOB_TIMEOUT_S = 300
 JOB = ROOT / "tests" / "python" / "ray_scripts" / "verl_worker_groups.py"
+
+
+@pytest.fixture
+def ray_tmpdir() -> Iterator[str]:
+    """A Ray temp folder of the test's own (RAY_TMPDIR), short enough for Ray's socket paths. ray.cluster_utils'
+    Cluster writes its address to <temp folder>/ray/ray_current_cluster, and a plain ray.init() joins whatever cluster
+    that file names: in the shared /tmp/ray, the colocated job's ray.init(num_cpus=...) joined the two-node job's
+    cluster beside it and failed ("When connecting to an existing cluster, num_cpus and num_gpus must not be
+    provided", CI of 252de1e)."""
+    folder = tempfile.mkdtemp(prefix="gg-ray-verl-", dir="/tmp")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_job(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[list, list[dict]]:
@@ -44,14 +59,15 @@ def run_job(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[list,
     return last_json(proc.stdout), report
 
 
-def hook_env(fake_gpus, topology: str = "h100x8") -> dict[str, str]:
-    env = auto_env(fake_gpus.env(topology))
+def hook_env(fake_gpus, ray_tmpdir: str, topology: str = "h100x8") -> dict[str, str]:
+    env = auto_env(fake_gpus.env(topology, RAY_TMPDIR=ray_tmpdir))
     env.pop("GPUGUARD")  # only the Ray setup hook switches it on
     return env
 
 
-def test_colocated_worker_groups_are_each_checked_in_their_own_group_and_never_reported(fake_gpus, tmp_path):
-    results, report = run_job(tmp_path, ["colocated"], hook_env(fake_gpus))
+def test_colocated_worker_groups_are_each_checked_in_their_own_group_and_never_reported(fake_gpus, tmp_path,
+                                                                                        ray_tmpdir):
+    results, report = run_job(tmp_path, ["colocated"], hook_env(fake_gpus, ray_tmpdir))
     results = [r for group in results for r in group]
     sizes = {"actor": 2, "critic": 2, "ref": 3, "reward": 3}
     assert sorted((r["group"], r["rank"]) for r in results) == sorted(
@@ -72,8 +88,9 @@ def test_colocated_worker_groups_are_each_checked_in_their_own_group_and_never_r
         {(r["group"], r["rank"]): r["cuda_visible_devices"] for r in results}
 
 
-def test_ranks_of_one_worker_group_on_one_gpu_are_stopped_naming_verls_settings(fake_gpus, tmp_path):
-    (results,), report = run_job(tmp_path, ["two-ray-nodes", "--gpus-per-node", "2"], hook_env(fake_gpus, "h100x4"))
+def test_ranks_of_one_worker_group_on_one_gpu_are_stopped_naming_verls_settings(fake_gpus, tmp_path, ray_tmpdir):
+    (results,), report = run_job(tmp_path, ["two-ray-nodes", "--gpus-per-node", "2"],
+                                 hook_env(fake_gpus, ray_tmpdir, "h100x4"))
     assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
     cvd = {r["rank"]: r["cuda_visible_devices"] for r in results}
     assert cvd[0] == cvd[2] and cvd[1] == cvd[3] and cvd[0] != cvd[1], cvd  # each Ray node handed out its GPUs
@@ -136,8 +153,9 @@ def tiny_model(folder: Path) -> Path:
     return folder
 
 
-def test_gpuguard_run_arms_verls_main_ppo_driver_and_its_task_runner_through_verls_plugin(fake_gpus, tmp_path):
-    env = with_source_tree(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1"))
+def test_gpuguard_run_arms_verls_main_ppo_driver_and_its_task_runner_through_verls_plugin(fake_gpus, tmp_path,
+                                                                                         ray_tmpdir):
+    env = with_source_tree(fake_gpus.env("h100x4", RAY_DISABLE_USAGE_STATS="1", RAY_TMPDIR=ray_tmpdir))
     env["PYTHONPATH"] = os.pathsep.join([str(verl_plugin_site(tmp_path)), env["PYTHONPATH"]])
     env.pop("GPUGUARD", None)
     model = tiny_model(tmp_path / "model")
