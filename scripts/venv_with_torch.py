@@ -1,6 +1,6 @@
 """Gives a fresh venv the torch of another venv, and nothing else: torch and what it requires (markers evaluated, with
 the extras asked for), each one's files as its RECORD lists them, hard-linked (no download; the console scripts,
-torchrun and the like, are left out). scripts/check_readme_install.sh and scripts/check_wheel_install.sh make their
+torchrun and the like, are left out). scripts/check_source_install.sh and scripts/check_wheel_install.sh make their
 fresh venvs with it:
   OTHER_VENV/bin/python scripts/venv_with_torch.py FRESH_VENV_SITE_PACKAGES
 """

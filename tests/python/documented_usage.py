@@ -9,9 +9,10 @@ opening fence (invisible on GitHub) says otherwise:
     <!-- doc-test: gpu: why -->                               needs a real GPU: tests/python/gpu/test_gpu_readme.py
                                                               runs it there (skipped elsewhere)
     <!-- doc-test: skip: why -->                              never run by the tests; the reason says what covers it
-    <!-- doc-test: install: why -->                           the README's install lines (one block): run as written
-                                                              in a fresh venv by scripts/check_readme_install.sh,
-                                                              which asks this file for them (--install-lines)
+    <!-- doc-test: install: why -->                           the source build's install lines (one block, in
+                                                              docs/building-and-testing.md): run as written in a
+                                                              fresh venv by scripts/check_source_install.sh, which
+                                                              asks this file for them (--install-lines)
 
 Blocks in other languages (a message, a table) are output, not run.
 """
@@ -96,12 +97,19 @@ def documented_blocks() -> list[Block]:
     return [block for path in DOCUMENTS for block in file_blocks(path)]
 
 
-def install_lines() -> str:
-    """The README's install lines: its one block marked install (test_documented_usage holds it to one)."""
-    found = [block for block in file_blocks(README) if block.kind == "install"]
+def install_block() -> Block:
+    """The source build's install lines: the one block of README.md and docs/*.md marked install."""
+    found = [block for block in documented_blocks() if block.kind == "install"]
     if len(found) != 1:
-        raise LookupError(f"README.md has {len(found)} blocks marked '<!-- doc-test: install: ... -->'; it needs one")
-    return found[0].code
+        raise LookupError(f"{len(found)} blocks of README.md and docs/*.md are marked "
+                          f"'<!-- doc-test: install: ... -->' ({', '.join(b.id for b in found) or 'none'}); "
+                          f"the source build's install lines need one")
+    return found[0]
+
+
+def install_lines() -> str:
+    """The source build's install lines, as scripts/check_source_install.sh runs them."""
+    return install_block().code
 
 
 @dataclass
@@ -177,5 +185,6 @@ def gpu_setup_for(block: Block) -> Setup:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--install-lines"]:
-        sys.exit("usage: python tests/python/documented_usage.py --install-lines   (prints the README's install block)")
+        sys.exit("usage: python tests/python/documented_usage.py --install-lines   (prints the source build's install "
+                 "block)")
     print(install_lines(), end="")

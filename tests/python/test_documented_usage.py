@@ -1,6 +1,7 @@
 """Documented usage runs: every example in examples/ as its docstring says, and every Python and shell block of
 README.md and docs/*.md, against the fake driver where a GPU would be needed (documented_usage.py says how blocks are
-marked); the README's command line and install lines are held to cli.py and pyproject.toml.
+marked); the README's command line and wheel install, and the source install lines, are held to cli.py and
+pyproject.toml.
 
 A block the tests cannot run must say so, and why, in its marker; an unmarked block is run as written, and one
 that fails fails here. The examples run exactly the fake-driver commands their docstrings give.
@@ -28,6 +29,8 @@ from documented_usage import (DOCUMENTS, PYTHON, README, Block, Setup, command_s
                               gpu_setup_for, install_lines, write_program)
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+#: The page that documents the source build, its install lines included.
+SOURCE_BUILD_PAGE = ROOT / "docs" / "building-and-testing.md"
 FAKE_DRIVER_IN_DOCSTRINGS = "$PWD/build/dev/tests/fakes"
 
 # ---- examples/ ---------------------------------------------------------------------------------------------
@@ -217,7 +220,8 @@ def test_every_documented_block_runs_or_its_marker_says_why_not():
             gpu_setup_for(block)  # what tests/python/gpu/test_gpu_readme.py runs it with
     used = {b.setup for b in BLOCKS if b.kind == "setup"}
     assert used == set(SETUPS), f"setups no block uses: {sorted(set(SETUPS) - used)}"
-    assert [b.path for b in BLOCKS if b.kind == "install"] == [README], "one install block, in README.md"
+    assert [b.path for b in BLOCKS if b.kind == "install"] == [SOURCE_BUILD_PAGE], \
+        "one install block: the source build's, in docs/building-and-testing.md"
 
 
 def test_the_readme_links_every_page_of_docs():
@@ -242,9 +246,22 @@ def test_links_between_the_documents_reach_a_file_and_heading():
                     f"{path.relative_to(ROOT)}: a link to {target}#{anchor}, a heading {linked.name} does not have"
 
 
-def test_the_install_lines_name_what_the_build_needs_and_come_first():
-    """The README's install block, which scripts/check_readme_install.sh runs in a fresh venv, installs each of
-    pyproject.toml's [build-system] requirements before building without isolation, on the README's first screen."""
+def test_the_readme_installs_a_wheel_with_one_pip_install_on_its_first_screen():
+    """The README's first command is one `pip install` of a wheel named as scripts/build_wheels.sh names it, at
+    pyproject.toml's version: scripts/check_wheel_install.sh installs such a wheel where nothing can compile."""
+    first = next(b for b in file_blocks(README) if b.runnable_language)
+    assert first.line <= 40, f"README.md:{first.line}: the install belongs on the first screen"
+    commands = [line.split("#")[0].strip() for line in first.code.splitlines() if line.split("#")[0].strip()]
+    version = re.search(r'^version = "([^"]+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    wheel = rf"gpuguard-{re.escape(version)}-cp3\d+-cp3\d+-(manylinux\w*_x86_64\.)*manylinux\w*_x86_64\.whl"
+    assert len(commands) == 1 and re.fullmatch(rf"pip install {wheel}", commands[0]), \
+        f"README.md:{first.line}: the install is one `pip install gpuguard-{version}-cpXY-...-manylinux_..whl`, " \
+        f"not {commands}"
+
+
+def test_the_source_install_lines_install_what_the_build_needs_first():
+    """The source build's install block (docs/building-and-testing.md), which scripts/check_source_install.sh runs in
+    a fresh venv, installs each of pyproject.toml's [build-system] requirements before building without isolation."""
     lines = install_lines()
     build = re.search(r"^pip install --no-build-isolation \.(\s|$)", lines, re.M)
     assert build, f"the install lines never build this clone against the installed torch:\n{lines}"
@@ -253,8 +270,6 @@ def test_the_install_lines_name_what_the_build_needs_and_come_first():
     assert requires, "pyproject.toml's [build-system] requires line moved: read it again here"
     for requirement in re.findall(r'"([^"]+)"', requires.group(1)):
         assert f'"{requirement}"' in lines[:build.start()], f"the install lines never install {requirement} first"
-    install = next(b for b in file_blocks(README) if b.kind == "install")
-    assert install.line <= 40, f"README.md:{install.line}: the install lines belong on the first screen"
 
 
 def test_the_readme_names_every_command_and_flag():
