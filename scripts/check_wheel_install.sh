@@ -55,9 +55,9 @@ import gpuguard
 from gpuguard._libtorch_loader import wheel_variants
 
 checks = json.load(open(sys.argv[1]))["versions"]["tensor checks"]
-print(f"check_wheel_install: gpuguard doctor: tensor checks: {checks}")
 minor = tuple(int(part) for part in torch.__version__.split(".")[:2])
 if minor not in wheel_variants():
+    print(f"check_wheel_install: gpuguard doctor: tensor checks: {checks}")
     # build_wheels.sh left this torch's variant out (over manylinux_2_28, it said why): the wheel must still install
     # and run, the checks in Python after one warning; never a silent pass
     if not checks.startswith("Python (this wheel has no gpuguard._libtorch"):
