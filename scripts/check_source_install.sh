@@ -7,10 +7,10 @@
 #                hard-linked from the venv that has them (scripts/venv_with_torch.py). Nothing else: the build's
 #                tools must come from the install lines.
 #   GPUGUARD_SOURCE_INSTALL_VENV   the folder for the venv (default ~/.cache/gpuguard-ci/source-install), emptied
-#                first. pip's build goes to build/source-install in the clone (SKBUILD_BUILD_DIR, emptied first). Both places
-#                are fixed, so that ccache (CI's CCACHE_BASEDIR is the clone) serves the next run's compiles, whatever
-#                folder the clone is in: the venv's torch headers keep one path, the sources one path relative to the
-#                build folder.
+#                first. pip's build goes to build/source-install in the clone (SKBUILD_BUILD_DIR, emptied first).
+#                Both places are fixed, so that ccache (CI's CCACHE_BASEDIR is the clone) serves the next run's
+#                compiles, whatever folder the clone is in: the venv's torch headers keep one path, the sources one
+#                path relative to the build folder.
 # The block is the one marked <!-- doc-test: install: ... --> (tests/python/documented_usage.py finds it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
