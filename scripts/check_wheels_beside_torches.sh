@@ -11,8 +11,10 @@ cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { echo "usage: scripts/check_wheels_beside_torches.sh PYTHON [PYTHON ...]" >&2; exit 2; }
 rows=() failed=0
 for py in "$@"; do
-  read -r tag torch < <("$py" -c 'import sys, torch; print(f"cp{sys.version_info[0]}{sys.version_info[1]}", torch.__version__)') \
-    || { echo "check_wheels_beside_torches: $py has no torch" >&2; rows+=("$py | (no torch) | - | FAILED"); failed=1; continue; }
+  if ! read -r tag torch < <("$py" -c 'import sys, torch
+print(f"cp{sys.version_info[0]}{sys.version_info[1]}", torch.__version__)'); then
+    rows+=("$py | no torch | - | FAILED"); failed=1; continue
+  fi
   wheel=$(ls wheelhouse/gpuguard-*-"$tag"-"$tag"-*.whl 2>/dev/null | head -1)
   if [ -z "$wheel" ]; then
     rows+=("$tag | torch $torch | no $tag wheel in wheelhouse/ | FAILED"); failed=1; continue
