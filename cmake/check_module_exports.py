@@ -32,6 +32,14 @@ def exported_symbols(readelf: str, path: str) -> list[tuple[str, str]]:
     return symbols
 
 
+def corrupt_entries(readelf: str, path: str) -> list[str]:
+    """The entries of the module's dynamic symbol table that readelf cannot read (its "<corrupt>" name): GNU ld 2.40
+    wrote one where a reference bound to a symbol version by .symver met an unversioned definition of the same
+    symbol in a library the module links (torch 2.14's libtorch_python exports exception_ptr's destructor)."""
+    out = subprocess.run([readelf, "--dyn-syms", "--wide", path], check=True, capture_output=True, text=True).stdout
+    return [" ".join(line.split()) for line in out.splitlines() if "<corrupt>" in line]
+
+
 def demangled(names: list[str]) -> list[str]:
     try:
         out = subprocess.run(["c++filt"], input="\n".join(names), check=True, capture_output=True, text=True).stdout
@@ -63,6 +71,15 @@ def cause(name: str, readable: str, binding: str) -> str:
 def main(argv: list[str]) -> int:
     readelf, path, module = argv[0], argv[1], argv[2]
     allowed = "PyInit_" + module.rsplit(".", 1)[-1]
+    corrupt = corrupt_entries(readelf, path)
+    if corrupt:
+        os.remove(path)
+        print(f"gpuguard: the linker wrote {len(corrupt)} corrupt entr{'y' if len(corrupt) == 1 else 'ies'} into the "
+              f"dynamic symbol table of the module just built, {path}: " + "; ".join(corrupt[:SHOWN])
+              + ". It was removed: the dynamic loader would read a symbol of no name, binding and version. A "
+              "reference versioned by .symver (cmake/libstdcxx_gcc8_compat.cc) beside a library that defines the "
+              "same symbol unversioned did this with GNU ld 2.40.", file=sys.stderr)
+        return 1
     symbols = exported_symbols(readelf, path)
     extra = [(n, b) for n, b in symbols if n != allowed]
     if any(n == allowed for n, _ in symbols) and not extra:

@@ -107,6 +107,18 @@ print(" ".join(f"{a}.{m}" for m in range(b, d + 1)))')}
   done
 fi
 
+# libstdcxx_gcc8 TORCH: ON where torch's own libraries lack the three libstdc++ functions that GCC 11+'s headers call
+# and manylinux_2_28's libstdc++ lacks (torch 2.6), so that the variant defines them (cmake/libstdcxx_gcc8_compat.cc);
+# OFF where torch exports them (2.7 on), so that the variant binds to torch's. Not always ON: torch 2.14's
+# libtorch_python also exports exception_ptr's destructor, unversioned, and beside it the compat file's reference
+# to libstdc++'s versioned one made GNU ld 2.40 write a corrupt dynamic symbol.
+libstdcxx_gcc8() {
+  local defined
+  defined=$(objdump -T "$1/lib/libc10.so" "$1/lib/libtorch_cpu.so" | awk '!/\*UND\*/ {print $NF}' | sort -u \
+    | grep -cxE '_ZNSt15__exception_ptr13exception_ptr(9_M_addref|10_M_release)Ev|_ZSt28__throw_bad_array_new_lengthv')
+  [ "$defined" -ge 3 ] && echo OFF || echo ON
+}
+
 # ---- one wheel per Python -------------------------------------------------------------------------------------
 summary=()
 for PY in "${PYTHONS[@]}"; do
@@ -124,7 +136,7 @@ for PY in "${PYTHONS[@]}"; do
     checks=$([ "$QUICK" = 1 ] && echo ON || echo OFF)
     if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ "${LAUNCHER[@]}" \
              "-DCMAKE_CXX_FLAGS=-include $ROOT/cmake/glibc_2_28_compat.h" -DCMAKE_SKIP_BUILD_RPATH=ON \
-             -DGPUGUARD_BUILD_CORE=OFF -DGPUGUARD_LIBSTDCXX_GCC8=ON -DGPUGUARD_TORCH_DIR="$TORCH" \
+             -DGPUGUARD_BUILD_CORE=OFF -DGPUGUARD_LIBSTDCXX_GCC8="$(libstdcxx_gcc8 "$TORCH")" -DGPUGUARD_TORCH_DIR="$TORCH" \
              -DGPUGUARD_CHECK_LOADS="$checks" \
              -DPython_EXECUTABLE="$PY" >"$build.log" 2>&1 \
            && cmake --build "$build" -j "$JOBS" --target _libtorch >>"$build.log" 2>&1; }; then

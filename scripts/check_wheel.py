@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cmake"))
-from check_module_exports import exported_symbols  # noqa: E402 - cmake/ is not a package
+from check_module_exports import corrupt_entries, exported_symbols  # noqa: E402 - cmake/ is not a package
 
 #: manylinux_2_28's maxima (auditwheel's src/auditwheel/policy/manylinux-policy.json)
 MAXIMA = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 24), "CXXABI": (1, 3, 11)}
@@ -54,6 +54,7 @@ def problems(path: Path, module: str) -> tuple[str, list[str]]:
     if module.endswith("._core"):
         found += [f"links {lib}: _core carries its C++ runtime (zig's libc++, static)"
                   for lib in libraries if lib.startswith(("libstdc++", "libc++"))]
+    found += [f"has a corrupt dynamic symbol: {entry}" for entry in corrupt_entries("readelf", str(path))]
     allowed = "PyInit_" + module.rsplit(".", 1)[-1]
     exported = [name for name, _ in exported_symbols("readelf", str(path))]
     if allowed not in exported:
