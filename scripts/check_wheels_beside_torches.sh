@@ -25,9 +25,13 @@ print(f"cp{sys.version_info[0]}{sys.version_info[1]}", torch.__version__)'); the
   install=ok variants=ok
   PYTHON="$py" bash scripts/check_wheel_install.sh "$wheel" >"$log" 2>&1 || install=FAILED
   picked=$(sed -n 's/^check_wheel_install: gpuguard doctor: tensor checks: //p' "$log" | head -1)
-  GPUGUARD_TEST_WHEEL="$PWD/$wheel" PYTHONPATH="$PWD/python:$PWD/tests" "$py" -m pytest -p no:cacheprovider -q \
-    tests/python/test_wheel_variants.py >>"$log" 2>&1 || variants=FAILED
-  summary=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$log" | tail -1 | tr -d '=')
+  if ! "$py" -c 'import pytest' 2>/dev/null; then
+    variants=FAILED summary="no pytest in that venv: pip install --group test"
+  else
+    GPUGUARD_TEST_WHEEL="$PWD/$wheel" PYTHONPATH="$PWD/python:$PWD/tests" "$py" -m pytest -p no:cacheprovider -q \
+      tests/python/test_wheel_variants.py >>"$log" 2>&1 || variants=FAILED
+    summary=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed)" "$log" | tail -1 | tr -d '=')
+  fi
   [ "$install" = ok ] && [ "$variants" = ok ] || failed=1
   rows+=("$tag | torch $torch | ${picked:-?} | install $install; test_wheel_variants $variants (${summary# })")
 done
