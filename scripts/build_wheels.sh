@@ -136,8 +136,8 @@ for PY in "${PYTHONS[@]}"; do
     checks=$([ "$QUICK" = 1 ] && echo ON || echo OFF)
     if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ "${LAUNCHER[@]}" \
              "-DCMAKE_CXX_FLAGS=-include $ROOT/cmake/glibc_2_28_compat.h" -DCMAKE_SKIP_BUILD_RPATH=ON \
-             -DGPUGUARD_BUILD_CORE=OFF -DGPUGUARD_LIBSTDCXX_GCC8="$(libstdcxx_gcc8 "$TORCH")" -DGPUGUARD_TORCH_DIR="$TORCH" \
-             -DGPUGUARD_CHECK_LOADS="$checks" \
+             -DGPUGUARD_BUILD_CORE=OFF -DGPUGUARD_LIBSTDCXX_GCC8="$(libstdcxx_gcc8 "$TORCH")" \
+             -DGPUGUARD_TORCH_DIR="$TORCH" -DGPUGUARD_CHECK_LOADS="$checks" \
              -DPython_EXECUTABLE="$PY" >"$build.log" 2>&1 \
            && cmake --build "$build" -j "$JOBS" --target _libtorch >>"$build.log" 2>&1; }; then
       tail -30 "$build.log" >&2
