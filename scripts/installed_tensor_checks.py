@@ -1,5 +1,6 @@
-"""Proves that an installed gpuguard runs its tensor checks in C++: run by scripts/check_source_install.sh and
-scripts/check_wheel_install.sh in their fresh venvs, after the install, away from the clone.
+"""Proves that an installed gpuguard runs its tensor checks in C++: run by scripts/check_source_install.sh, and
+called (main) by scripts/check_wheel_install.sh where the wheel has the installed torch's variant, in their fresh
+venvs, after the install, away from the clone.
   python installed_tensor_checks.py LABEL [DOCTOR_JSON]
 LABEL prefixes each line; DOCTOR_JSON is `gpuguard doctor --json`'s output, whose "tensor checks" must say C++.
 The checks: gpuguard._libtorch serves them, one passes and one mismatch is reported, and the Python fallback's warning

@@ -95,8 +95,8 @@ def unpacked(tmp_path) -> Path:
         pytest.skip("needs GPUGUARD_TEST_WHEEL: a wheel for this Python from scripts/build_wheels.sh (CI gives the "
                     "oldest and newest corners' --quick wheels)")
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    # manylinux_2_28 or older: a wheel whose modules need less (one with no variant: _core alone, glibc 2.17)
-    # carries the older tags too, manylinux2014 first
+    # manylinux_2_28 or older: a wheel whose modules need less (_core alone, or beside torch 2.6's variant: glibc
+    # 2.17) carries the older tags too, manylinux2014 first
     assert re.search(rf"-{tag}-{tag}-(manylinux2014|manylinux_2_\d+)_x86_64", Path(WHEEL).name), \
         f"{WHEEL} is not a manylinux wheel for {tag}"
     site = tmp_path / "site"
